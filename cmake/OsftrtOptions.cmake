@@ -1,0 +1,23 @@
+# Tri-state options (AUTO/ON/OFF) for the optional components.
+function(osftrt_tristate name doc)
+  set(${name} AUTO CACHE STRING "${doc} (AUTO, ON or OFF)")
+  set_property(CACHE ${name} PROPERTY STRINGS AUTO ON OFF)
+  string(TOUPPER "${${name}}" value)
+  if(NOT value MATCHES "^(AUTO|ON|OFF)$")
+    message(FATAL_ERROR "${name} must be AUTO, ON or OFF, not '${${name}}'")
+  endif()
+  set(${name} ${value} PARENT_SCOPE)
+endfunction()
+
+# Decide a component: `found` says whether its dependencies were found.
+function(osftrt_decide out name found)
+  if(${name} STREQUAL "OFF")
+    set(${out} 0 PARENT_SCOPE)
+  elseif(found)
+    set(${out} 1 PARENT_SCOPE)
+  elseif(${name} STREQUAL "ON")
+    message(FATAL_ERROR "${name}=ON, but its dependencies were not found")
+  else()
+    set(${out} 0 PARENT_SCOPE)
+  endif()
+endfunction()

@@ -1,0 +1,258 @@
+/*
+ * libosftrt — contexts: a device, a stream, library handles, memory.
+ *
+ * A context is the first argument of every operation. It owns
+ *   - one device: the CPU, or one CUDA GPU (by ordinal);
+ *   - on CUDA, one stream (cudaStream_t passed as void *, so this header
+ *     needs no CUDA header) on which all of its work is enqueued, and the
+ *     cuBLAS and cuSOLVER handles, created lazily on first use and bound to
+ *     that stream;
+ *   - a reusable workspace for scratch memory, grown on demand and kept
+ *     between calls (osft_context_reserve_workspace pre-sizes it);
+ *   - an allocator: built-in, or the caller's callbacks, which then serve
+ *     every byte the library allocates for this context (host and device),
+ *     so a framework's caching allocator can own all memory.
+ *
+ * Threading: a context is used by one thread at a time (like a cuBLAS
+ * handle); calls on the same context from several threads at once must be
+ * serialized by the caller. Different contexts are fully independent and
+ * may be used concurrently from different threads.
+ *
+ * Asynchrony: on CUDA, operations are enqueued on the context's stream and
+ * may return before the device has finished; osft_context_synchronize()
+ * waits. On the CPU, operations complete before they return.
+ */
+#ifndef OSFTRT_CONTEXT_H
+#define OSFTRT_CONTEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "osftrt/export.h"
+#include "osftrt/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An opaque context handle. Create with osft_context_create(), destroy with
+ * osft_context_destroy(). */
+typedef struct osft_context_s *osft_context_t;
+
+/* Device types. The values equal DLPack's DLDeviceType codes (kDLCPU = 1,
+ * kDLCUDA = 2) and are fixed forever (ABI.md). */
+typedef enum osft_device_type_e {
+  OSFT_DEVICE_CPU = 1,
+  OSFT_DEVICE_CUDA = 2
+} osft_device_type_t;
+
+/*
+ * Writes to *count how many devices of `type` this process can use: 1 for
+ * OSFT_DEVICE_CPU; for OSFT_DEVICE_CUDA the number of visible GPUs, and 0
+ * when CUDA is not compiled in, or there is no driver or no GPU (these are
+ * not errors: this is how a caller picks a backend). Thread-safe.
+ *
+ * Errors: OSFT_STATUS_INVALID_ARGUMENT if count is NULL or type is unknown.
+ */
+OSFT_API osft_status_t osft_device_count(osft_device_type_t type, int *count);
+
+/*
+ * Caller-supplied memory callbacks. Either both host callbacks are set or
+ * neither (NULL pair: the built-in aligned malloc/free), and likewise for the
+ * device pair (NULL pair: the built-in cudaMalloc/cudaFree). Every block obtained from an
+ * *_alloc is returned to the matching *_free exactly once, with the same size, before
+ * osft_context_destroy() returns.
+ *
+ *   host_alloc(user, bytes, alignment): `alignment` is a power of two
+ *     (at least 64); return NULL on failure (the call then fails with
+ *     OSFT_STATUS_OUT_OF_MEMORY). Never called with bytes == 0.
+ *   device_alloc(user, bytes, device_id, stream): memory on CUDA device
+ *     `device_id`, usable on `stream` (the context's stream at the time of
+ *     the call, a cudaStream_t as void *); aligned to at least 256 bytes.
+ *   *_free(user, ptr, bytes[, device_id, stream]): `bytes` is the size that
+ *     was requested for `ptr`.
+ *
+ * Callbacks may be invoked from any thread using the context, and must not
+ * call back into the library with the same context.
+ */
+typedef struct osft_allocator_s {
+  size_t struct_size; /* sizeof(osft_allocator_t) as the caller compiled it */
+  void *user;         /* passed back to every callback */
+  void *(*host_alloc)(void *user, size_t bytes, size_t alignment);
+  void (*host_free)(void *user, void *ptr, size_t bytes);
+  void *(*device_alloc)(void *user, size_t bytes, int device_id, void *stream);
+  void (*device_free)(void *user, void *ptr, size_t bytes, int device_id, void *stream);
+} osft_allocator_t;
+
+/*
+ * Fills *allocator with the defaults (all callbacks NULL: built-in
+ * allocation) for a struct of `struct_size` bytes, and sets
+ * allocator->struct_size = struct_size. Pass sizeof(osft_allocator_t), or
+ * use OSFT_ALLOCATOR_INIT(&a). Bytes beyond what this library knows are
+ * zeroed.
+ *
+ * Errors: OSFT_STATUS_INVALID_ARGUMENT (allocator NULL),
+ * OSFT_STATUS_INVALID_STRUCT_SIZE (struct_size below the 1.0 layout). On
+ * error nothing is written.
+ */
+OSFT_API osft_status_t osft_allocator_init(osft_allocator_t *allocator,
+                                           size_t struct_size);
+#define OSFT_ALLOCATOR_INIT(a) osft_allocator_init((a), sizeof(*(a)))
+
+/*
+ * Options for osft_context_create(). Initialize with
+ * OSFT_CONTEXT_OPTIONS_INIT(&o) (or osft_context_options_init), then set
+ * fields. New fields are only ever appended (ABI.md).
+ */
+typedef struct osft_context_options_s {
+  size_t struct_size; /* sizeof(osft_context_options_t) as compiled */
+  /* Device type. Default OSFT_DEVICE_CPU. */
+  osft_device_type_t device_type;
+  /* CUDA device ordinal (as in cudaSetDevice); must be 0 for the CPU.
+   * Default 0. */
+  int device_id;
+  /* CUDA stream (cudaStream_t) for all work of the context; NULL means the
+   * legacy default stream. Must be NULL for the CPU. Default NULL. The
+   * context does not take ownership. */
+  void *stream;
+  /* Memory callbacks, copied at creation (the struct need not outlive the
+   * call, the callbacks and their user data must outlive the context).
+   * NULL: built-in allocation. Default NULL. */
+  const osft_allocator_t *allocator;
+  /* Upper bound, in bytes, on the context's workspace (scratch) memory. An
+   * operation that would need more fails with OSFT_STATUS_OUT_OF_MEMORY, or,
+   * where the operation is chunked, picks smaller chunks to stay within it.
+   * 0 means no limit. Default 0. */
+  size_t workspace_limit;
+} osft_context_options_t;
+
+/*
+ * Fills *opts with the defaults documented above for a struct of
+ * `struct_size` bytes and sets opts->struct_size = struct_size. Pass
+ * sizeof(osft_context_options_t), or use OSFT_CONTEXT_OPTIONS_INIT(&o).
+ * Bytes beyond what this library knows are zeroed, which the library reads
+ * as "default" for fields added after it was built.
+ *
+ * Errors: OSFT_STATUS_INVALID_ARGUMENT (opts NULL),
+ * OSFT_STATUS_INVALID_STRUCT_SIZE (struct_size below the 1.0 layout). On
+ * error nothing is written.
+ */
+OSFT_API osft_status_t osft_context_options_init(osft_context_options_t *opts,
+                                                 size_t struct_size);
+#define OSFT_CONTEXT_OPTIONS_INIT(o) osft_context_options_init((o), sizeof(*(o)))
+
+/*
+ * Creates a context and writes its handle to *ctx. `opts` may be NULL for a
+ * CPU context with all defaults; it is only read during the call.
+ *
+ * For CUDA the device is checked (the driver is loaded, the ordinal exists);
+ * cuBLAS/cuSOLVER handles are created later, on first use. The context's
+ * own bookkeeping is allocated with the host allocator.
+ *
+ * Errors (nothing is written to *ctx):
+ *   OSFT_STATUS_INVALID_ARGUMENT: ctx NULL; unknown device_type; negative
+ *     device_id; device_id or stream set for a CPU context; an allocator
+ *     with only one callback of a pair.
+ *   OSFT_STATUS_INVALID_STRUCT_SIZE: opts or opts->allocator struct_size.
+ *   OSFT_STATUS_NOT_SUPPORTED: CUDA requested but not compiled in.
+ *   OSFT_STATUS_NO_DEVICE: no CUDA driver/GPU, or device_id >= the number of
+ *     GPUs.
+ *   OSFT_STATUS_OUT_OF_MEMORY: the host allocator failed.
+ * Thread-safe.
+ */
+OSFT_API osft_status_t osft_context_create(osft_context_t *ctx,
+                                           const osft_context_options_t *opts);
+
+/*
+ * Destroys a context: waits for its pending device work, releases its
+ * workspace and library handles, and returns every block to the allocator
+ * it came from. NULL is accepted and does nothing. Objects created from the
+ * context (other handles) must be destroyed first.
+ *
+ * Errors: OSFT_STATUS_INVALID_HANDLE if ctx is not a live context (e.g.
+ * destroyed twice); nothing happens then. OSFT_STATUS_BACKEND_ERROR if the
+ * device reported an error while synchronizing; the context is destroyed
+ * all the same.
+ */
+OSFT_API osft_status_t osft_context_destroy(osft_context_t ctx);
+
+/* Writes the context's device type and ordinal (0 for the CPU). Either
+ * out-pointer may be NULL to skip it. Errors: OSFT_STATUS_INVALID_HANDLE. */
+OSFT_API osft_status_t osft_context_get_device(osft_context_t ctx,
+                                               osft_device_type_t *type, int *device_id);
+
+/*
+ * Sets the CUDA stream (cudaStream_t as void *, NULL for the legacy default
+ * stream) for all later work of the context, and rebinds its cuBLAS and
+ * cuSOLVER handles. Work already enqueued stays on the previous stream: the
+ * caller orders the two streams if needed. Not owned by the context.
+ *
+ * Errors: OSFT_STATUS_INVALID_HANDLE; OSFT_STATUS_INVALID_ARGUMENT for a
+ * non-NULL stream on a CPU context; OSFT_STATUS_BACKEND_ERROR if a library
+ * handle could not be rebound (the stream is then unchanged).
+ */
+OSFT_API osft_status_t osft_context_set_stream(osft_context_t ctx, void *stream);
+
+/* Writes the context's stream to *stream (NULL on the CPU and for the default
+ * stream). Errors: OSFT_STATUS_INVALID_HANDLE; OSFT_STATUS_INVALID_ARGUMENT
+ * (stream NULL). */
+OSFT_API osft_status_t osft_context_get_stream(osft_context_t ctx, void **stream);
+
+/* Blocks until all work enqueued on the context's stream has finished (a
+ * no-op on the CPU). Errors: OSFT_STATUS_INVALID_HANDLE;
+ * OSFT_STATUS_BACKEND_ERROR with the CUDA error name. */
+OSFT_API osft_status_t osft_context_synchronize(osft_context_t ctx);
+
+/*
+ * Grows the workspace to at least `bytes` now, so that later operations do
+ * not allocate (useful before graph capture or timing). Never shrinks it.
+ *
+ * Errors: OSFT_STATUS_INVALID_HANDLE; OSFT_STATUS_OUT_OF_MEMORY if the
+ * allocator fails or `bytes` exceeds the workspace limit (the old workspace
+ * is kept).
+ */
+OSFT_API osft_status_t osft_context_reserve_workspace(osft_context_t ctx, size_t bytes);
+
+/* Frees the workspace (it is grown again on demand). On CUDA, waits for the
+ * context's stream first. Errors: OSFT_STATUS_INVALID_HANDLE. */
+OSFT_API osft_status_t osft_context_release_workspace(osft_context_t ctx);
+
+/* Writes the current workspace size in bytes to *bytes. Errors:
+ * OSFT_STATUS_INVALID_HANDLE; OSFT_STATUS_INVALID_ARGUMENT (bytes NULL). */
+OSFT_API osft_status_t osft_context_get_workspace_size(osft_context_t ctx, size_t *bytes);
+
+/*
+ * Memory the library holds for a context, in bytes, counted at the
+ * allocator (what the callbacks or the built-in allocator handed out).
+ * Benchmarks use the peaks to report scratch memory.
+ */
+typedef struct osft_memory_stats_s {
+  size_t struct_size;       /* set by the caller: sizeof as compiled */
+  uint64_t host_in_use;     /* host bytes allocated and not yet freed */
+  uint64_t host_peak;       /* maximum of host_in_use since creation/reset */
+  uint64_t device_in_use;   /* device bytes allocated and not yet freed */
+  uint64_t device_peak;     /* maximum of device_in_use since creation/reset */
+  uint64_t host_allocs;     /* number of host allocations since creation */
+  uint64_t device_allocs;   /* number of device allocations since creation */
+  uint64_t workspace_bytes; /* current workspace size (part of *_in_use) */
+} osft_memory_stats_t;
+
+/*
+ * Writes the context's memory statistics into *stats, whose struct_size the
+ * caller has set (fields beyond it are not written).
+ *
+ * Errors: OSFT_STATUS_INVALID_HANDLE; OSFT_STATUS_INVALID_ARGUMENT (stats
+ * NULL); OSFT_STATUS_INVALID_STRUCT_SIZE (below the 1.0 layout).
+ */
+OSFT_API osft_status_t osft_context_get_memory_stats(osft_context_t ctx,
+                                                     osft_memory_stats_t *stats);
+
+/* Sets host_peak and device_peak to the current in-use values. Errors:
+ * OSFT_STATUS_INVALID_HANDLE. */
+OSFT_API osft_status_t osft_context_reset_peak_memory(osft_context_t ctx);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OSFTRT_CONTEXT_H */

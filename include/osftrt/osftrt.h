@@ -1,0 +1,34 @@
+/*
+ * libosftrt — the OSFT fine-tuning runtime. Include this one header.
+ *
+ * A stable C ABI (C11; no C++ or CUDA types in any public header) around a
+ * C++ core with CPU (OpenBLAS/LAPACK) and CUDA (cuBLAS, cuSOLVER, NCCL)
+ * backends. Conventions shared by every function:
+ *
+ *   - Names: functions and types osft_*, macros and enum values OSFT_*.
+ *   - Handles are opaque pointers, created and destroyed in pairs; destroy
+ *     accepts NULL.
+ *   - Every fallible call returns osft_status_t; osft_last_error() gives a
+ *     thread-local message naming the argument and the reason
+ *     (osftrt/status.h). On failure nothing the caller passed is modified.
+ *   - Options structs begin with `size_t struct_size` and are initialized by
+ *     an *_init(ptr, sizeof *ptr) function or its OSFT_*_INIT(ptr) macro, so
+ *     fields can be appended without breaking compiled callers (ABI.md).
+ *   - Tensors are DLPack DLTensors (osftrt/tensor.h), checked on every call.
+ *   - A context is used by one thread at a time; distinct contexts are
+ *     independent (osftrt/context.h).
+ *
+ * Stable section: everything reachable from this header is part of the
+ * OSFTRT_1.0 ABI and is append-only.
+ */
+#ifndef OSFTRT_OSFTRT_H
+#define OSFTRT_OSFTRT_H
+
+#include "osftrt/export.h"
+#include "osftrt/status.h"
+#include "osftrt/version.h"
+#include "osftrt/log.h"
+#include "osftrt/tensor.h"
+#include "osftrt/context.h"
+
+#endif /* OSFTRT_OSFTRT_H */

@@ -1,0 +1,35 @@
+/*
+ * libosftrt — tensors.
+ *
+ * Every tensor argument is a DLPack DLTensor (from the system's dlpack
+ * package, <dlpack/dlpack.h>), borrowed for the duration of the call: the
+ * library never keeps a pointer to a DLTensor struct or to its shape/strides
+ * arrays after returning, unless a function says otherwise (handles that
+ * adopt caller-owned factor tensors document it and copy the descriptor).
+ *
+ * What every operation checks, before it writes anything:
+ *   - the DLTensor pointer (unless documented optional) and, for non-empty
+ *     tensors, `data` are non-NULL                -> OSFT_STATUS_INVALID_ARGUMENT
+ *   - dtype is one the operation accepts: kDLFloat 32/64/16, kDLBfloat 16,
+ *     kDLInt 32/64 for targets; lanes == 1        -> OSFT_STATUS_DTYPE_MISMATCH
+ *   - rank and every dimension (shapes are in elements; "any leading dims"
+ *     means the leading dims are flattened into rows)
+ *                                                 -> OSFT_STATUS_SHAPE_MISMATCH
+ *   - strides (in elements; NULL means compact row-major): compact
+ *     row-major, or where documented, row-major with a row stride >= the row
+ *     length; byte_offset keeps the data aligned to its element size
+ *                                                 -> OSFT_STATUS_BAD_LAYOUT
+ *   - device: kDLCPU (or pinned kDLCUDAHost) for a CPU context; kDLCUDA (or
+ *     kDLCUDAManaged) with device_id equal to the context's for a CUDA
+ *     context                                     -> OSFT_STATUS_DEVICE_MISMATCH
+ *   - outputs do not overlap inputs or each other where forbidden
+ *                                                 -> OSFT_STATUS_ALIASING
+ * Each message names the argument (e.g. "grad_w: shape [4096, 1024], expected
+ * [4096, 4096]").
+ */
+#ifndef OSFTRT_TENSOR_H
+#define OSFTRT_TENSOR_H
+
+#include <dlpack/dlpack.h>
+
+#endif /* OSFTRT_TENSOR_H */

@@ -1,0 +1,44 @@
+/* Internal: what the core needs from the CUDA runtime and libraries. Built
+ * from src/cuda/runtime.cpp when CUDA is compiled in, and from
+ * src/cuda/runtime_none.cpp otherwise, so the core never tests a macro. */
+#ifndef OSFTRT_SRC_CORE_CUDA_RUNTIME_H
+#define OSFTRT_SRC_CORE_CUDA_RUNTIME_H
+
+#include <cstddef>
+
+namespace osft::cuda {
+
+bool compiled() noexcept;
+
+/* Visible GPUs; 0 when there is no driver or no device. */
+int device_count() noexcept;
+
+/* Throws OSFT_STATUS_NOT_SUPPORTED (not compiled in) or
+ * OSFT_STATUS_NO_DEVICE (no driver, no GPU, ordinal too large), naming
+ * `arg`. */
+void check_device(int device_id, const char *arg);
+
+/* cudaMalloc on `device_id`; returns NULL on failure. */
+void *device_malloc(size_t bytes, int device_id) noexcept;
+void device_free(void *ptr, int device_id) noexcept;
+
+/* Waits for `stream` (NULL: the legacy default stream). Throws
+ * OSFT_STATUS_BACKEND_ERROR with the CUDA error name. */
+void synchronize(int device_id, void *stream);
+
+/* Library handles, created on `device_id` and bound to `stream`. Create
+ * functions throw OSFT_STATUS_BACKEND_ERROR; destroy accepts NULL. */
+void *create_blas(int device_id, void *stream);
+void *create_solver(int device_id, void *stream);
+void set_blas_stream(void *blas, void *stream);
+void set_solver_stream(void *solver, void *stream);
+void destroy_blas(int device_id, void *blas) noexcept;
+void destroy_solver(int device_id, void *solver) noexcept;
+
+/* CUDART_VERSION the library was built with (13000 for 13.0), 0 without
+ * CUDA; for osft_build_info(). */
+int toolkit_version() noexcept;
+
+}  // namespace osft::cuda
+
+#endif
