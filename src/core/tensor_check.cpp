@@ -5,6 +5,7 @@
 
 #include "core/context.h"
 #include "core/error.h"
+#include "core/options.h"
 
 namespace {
 
@@ -33,34 +34,44 @@ const char *dl_device_name(int type) {
   }
 }
 
+/* DLDevice.device_type may hold any int from a C caller; read it as one. */
+int device_type_of(DLDevice d) {
+  return osft::raw_enum(d.device_type);
+}
+
 bool host_memory(int type) {
   return type == kDLCPU || type == kDLCUDAHost;
 }
 
 bool device_matches(const osft::Context &ctx, DLDevice d) {
-  if (!osft::on_cuda(ctx)) return host_memory(d.device_type);
-  return (d.device_type == kDLCUDA || d.device_type == kDLCUDAManaged) &&
-         d.device_id == ctx.device_id;
+  const int type = device_type_of(d);
+  if (!osft::on_cuda(ctx)) return host_memory(type);
+  return (type == kDLCUDA || type == kDLCUDAManaged) && d.device_id == ctx.device_id;
 }
 
-/* The stride between rows when the leading dims are flattened, or -1 if
- * they cannot be (a gap or overlap between leading dims). Dims of size 1
- * impose nothing. For a compact tensor this is the row length. */
+/* The stride between rows when the leading dims are flattened, or 0 if
+ * they cannot be (a gap or overlap between leading dims, a non-positive or
+ * overflowing stride). Dims of size 1 impose nothing. For a compact tensor
+ * this is the row length. */
 int64_t flattened_row_stride(const DLTensor *t) {
   const int n = t->ndim;
   const int64_t cols = n > 0 ? t->shape[n - 1] : 1;
   if (t->strides == nullptr || n < 2) return cols;
-  int64_t row_stride = -1, inner_extent = 0;
+  bool found = false;
+  int64_t row_stride = cols, inner_extent = 0;
   for (int i = n - 2; i >= 0; --i) {
     if (t->shape[i] == 1) continue;
-    if (row_stride < 0) {
-      row_stride = t->strides[i];
-    } else if (t->strides[i] != inner_extent) {
-      return -1;
+    const int64_t stride = t->strides[i];
+    if (stride <= 0) return 0;
+    if (!found) {
+      row_stride = stride;
+      found = true;
+    } else if (stride != inner_extent) {
+      return 0;
     }
-    inner_extent = t->strides[i] * t->shape[i];
+    if (__builtin_mul_overflow(stride, t->shape[i], &inner_extent)) return 0;
   }
-  return row_stride < 0 ? cols : row_stride;
+  return row_stride;
 }
 
 bool is_compact(const DLTensor *t) {
@@ -127,6 +138,17 @@ osft_status_t check_dtype(const DLTensor *t, const osfti_tensor_spec &s) {
                          dt != OSFTI_DTYPE_INVALID ? osfti_dtype_name(dt) : "", accepted);
 }
 
+/* The whole tensor, padding included, must be addressable in bytes. */
+osft_status_t check_byte_size(const DLTensor *t, const osfti_tensor_spec &s) {
+  const int64_t elem =
+      static_cast<int64_t>(osfti_dtype_size(osfti_dtype_from_dl(t->dtype)));
+  int64_t bytes = 0;
+  if (!__builtin_mul_overflow(osfti_numel(t), elem, &bytes)) return OSFT_STATUS_SUCCESS;
+  return osfti_set_error(OSFT_STATUS_SHAPE_MISMATCH,
+                         "%s: shape %s is too large to address in bytes", s.name,
+                         dims_string(t->shape, t->ndim, false).c_str());
+}
+
 osft_status_t check_layout(const DLTensor *t, const osfti_tensor_spec &s) {
   const size_t elem = osfti_dtype_size(osfti_dtype_from_dl(t->dtype));
   const uintptr_t first = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
@@ -164,8 +186,9 @@ void byte_extent(const DLTensor *t, uintptr_t *lo, uintptr_t *hi) {
 }
 
 bool same_memory_space(DLDevice a, DLDevice b) {
-  if (host_memory(a.device_type) && host_memory(b.device_type)) return true;
-  return a.device_type == b.device_type && a.device_id == b.device_id;
+  const int ta = device_type_of(a), tb = device_type_of(b);
+  if (host_memory(ta) && host_memory(tb)) return true;
+  return ta == tb && a.device_id == b.device_id;
 }
 
 }  // namespace
@@ -179,6 +202,7 @@ extern "C" osft_status_t osfti_check_tensor(osft_context_t ctx, const DLTensor *
                : osfti_set_error(OSFT_STATUS_INVALID_ARGUMENT, "%s: NULL tensor", s.name);
   osft_status_t st = check_shape(t, s);
   if (st == OSFT_STATUS_SUCCESS) st = check_dtype(t, s);
+  if (st == OSFT_STATUS_SUCCESS) st = check_byte_size(t, s);
   if (st != OSFT_STATUS_SUCCESS) return st;
   if (t->data == nullptr && osfti_numel(t) > 0)
     return osfti_set_error(OSFT_STATUS_INVALID_ARGUMENT,
@@ -186,7 +210,7 @@ extern "C" osft_status_t osfti_check_tensor(osft_context_t ctx, const DLTensor *
   if (!device_matches(*ctx, t->device))
     return osfti_set_error(OSFT_STATUS_DEVICE_MISMATCH,
                            "%s: on %s device %d, but the context is %s device %d", s.name,
-                           dl_device_name(t->device.device_type), t->device.device_id,
+                           dl_device_name(device_type_of(t->device)), t->device.device_id,
                            osft::on_cuda(*ctx) ? "CUDA" : "CPU", ctx->device_id);
   if (osfti_numel(t) == 0) return OSFT_STATUS_SUCCESS;
   return check_layout(t, s);
@@ -211,7 +235,7 @@ extern "C" osft_status_t osfti_check_same_dtype(const char *name_a, const DLTens
                                                 const char *name_b, const DLTensor *b) {
   const osfti_dtype_t da = osfti_dtype_from_dl(a->dtype);
   const osfti_dtype_t db = osfti_dtype_from_dl(b->dtype);
-  if (da == db) return OSFT_STATUS_SUCCESS;
+  if (da == db && da != OSFTI_DTYPE_INVALID) return OSFT_STATUS_SUCCESS;
   return osfti_set_error(OSFT_STATUS_DTYPE_MISMATCH,
                          "%s: dtype %s, but %s is %s; they must match", name_b,
                          osfti_dtype_name(db), name_a, osfti_dtype_name(da));
