@@ -166,13 +166,13 @@ OSFT_API osft_status_t osft_context_create(osft_context_t *ctx,
 /*
  * Destroys a context: waits for its pending device work, releases its
  * workspace and library handles, and returns every block to the allocator
- * it came from. NULL is accepted and does nothing. Objects created from the
- * context (other handles) must be destroyed first.
+ * it came from. NULL is accepted and does nothing.
  *
- * Errors: OSFT_STATUS_INVALID_HANDLE if ctx is not a live context (e.g.
- * destroyed twice); nothing happens then. OSFT_STATUS_BACKEND_ERROR if the
- * device reported an error while synchronizing; the context is destroyed
- * all the same.
+ * Errors (nothing happens then): OSFT_STATUS_INVALID_HANDLE if ctx is not a
+ * live context (e.g. destroyed twice); OSFT_STATUS_INVALID_ARGUMENT while
+ * handles created from it (e.g. osft_flinear_t layers) are still alive —
+ * destroy those first. OSFT_STATUS_BACKEND_ERROR if the device reported an
+ * error while synchronizing; the context is destroyed all the same.
  */
 OSFT_API osft_status_t osft_context_destroy(osft_context_t ctx);
 

@@ -30,5 +30,6 @@
 #include "osftrt/log.h"
 #include "osftrt/tensor.h"
 #include "osftrt/context.h"
+#include "osftrt/flinear.h"
 
 #endif /* OSFTRT_OSFTRT_H */

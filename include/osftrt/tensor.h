@@ -22,8 +22,9 @@
  *   - device: kDLCPU (or pinned kDLCUDAHost) for a CPU context; kDLCUDA (or
  *     kDLCUDAManaged) with device_id equal to the context's for a CUDA
  *     context                                     -> OSFT_STATUS_DEVICE_MISMATCH
- *   - outputs do not overlap inputs or each other where forbidden
- *                                                 -> OSFT_STATUS_ALIASING
+ *   - outputs do not overlap inputs or each other where forbidden (address
+ *     ranges; column slices of one matrix with the same row stride are
+ *     recognized as disjoint)                     -> OSFT_STATUS_ALIASING
  * Each message names the argument (e.g. "grad_w: shape [4096, 1024], expected
  * [4096, 4096]").
  */

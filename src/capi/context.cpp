@@ -81,6 +81,11 @@ OSFT_API osft_status_t osft_context_create(osft_context_t *ctx,
 OSFT_API osft_status_t osft_context_destroy(osft_context_t ctx) {
   return api_call("osft_context_destroy", [&] {
     if (ctx == nullptr) return OSFT_STATUS_SUCCESS;
+    if (osft::is_live_handle(ctx, osft::HandleKind::context) && ctx->live_children > 0)
+      raise(OSFT_STATUS_INVALID_ARGUMENT,
+            "ctx: %d handle(s) created from this context are still alive; destroy them "
+            "first",
+            ctx->live_children);
     if (!osft::unregister_handle(ctx, osft::HandleKind::context))
       raise(OSFT_STATUS_INVALID_HANDLE,
             "ctx: not a live context handle (destroyed, or not created by "

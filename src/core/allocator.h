@@ -6,6 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <new>
+#include <utility>
 
 #include "osftrt/context.h"
 
@@ -30,6 +32,25 @@ class Allocator {
   void *device_alloc(size_t bytes, int device_id, void *stream, const char *what);
   void host_free(void *ptr, size_t bytes) noexcept;
   void device_free(void *ptr, size_t bytes, int device_id, void *stream) noexcept;
+
+  /* A host object constructed in memory from host_alloc, and its undoing;
+   * for the library's own bookkeeping (contexts, layers). */
+  template <class T, class... Args>
+  T *make(const char *what, Args &&...args) {
+    void *mem = host_alloc(sizeof(T), what);
+    try {
+      return new (mem) T(std::forward<Args>(args)...);
+    } catch (...) {
+      host_free(mem, sizeof(T));
+      throw;
+    }
+  }
+  template <class T>
+  void destroy(T *object) noexcept {
+    if (object == nullptr) return;
+    object->~T();
+    host_free(object, sizeof(T));
+  }
 
   const MemoryCounters &counters() const noexcept { return counters_; }
   void reset_peaks() noexcept;

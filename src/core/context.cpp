@@ -97,6 +97,25 @@ Context &checked_context(osft_context_t ctx, const char *arg) {
   return *ctx;
 }
 
+void *memory_alloc(Context &ctx, size_t bytes, const char *what) {
+  return on_cuda(ctx) ? device_alloc(ctx, bytes, what)
+                      : ctx.allocator.host_alloc(bytes, what);
+}
+
+void memory_free(Context &ctx, void *ptr, size_t bytes) noexcept {
+  if (on_cuda(ctx))
+    device_free(ctx, ptr, bytes);
+  else
+    ctx.allocator.host_free(ptr, bytes);
+}
+
+DLDevice dl_device(const Context &ctx) noexcept {
+  DLDevice d;
+  d.device_type = on_cuda(ctx) ? kDLCUDA : kDLCPU;
+  d.device_id = ctx.device_id;
+  return d;
+}
+
 void *workspace(Context &ctx, size_t bytes) {
   if (bytes <= ctx.workspace_bytes) return ctx.workspace;
   if (ctx.workspace_limit != 0 && bytes > ctx.workspace_limit)
@@ -106,8 +125,7 @@ void *workspace(Context &ctx, size_t bytes) {
           bytes, ctx.workspace_limit);
   /* Allocate the new block before freeing the old one, so that a failure
    * leaves the context as it was. */
-  void *grown = on_cuda(ctx) ? device_alloc(ctx, bytes, "workspace")
-                             : ctx.allocator.host_alloc(bytes, "workspace");
+  void *grown = memory_alloc(ctx, bytes, "workspace");
   release_workspace(ctx);
   ctx.workspace = grown;
   ctx.workspace_bytes = bytes;
@@ -118,10 +136,7 @@ void *workspace(Context &ctx, size_t bytes) {
 
 void release_workspace(Context &ctx) {
   if (ctx.workspace == nullptr) return;
-  if (on_cuda(ctx))
-    device_free(ctx, ctx.workspace, ctx.workspace_bytes);
-  else
-    ctx.allocator.host_free(ctx.workspace, ctx.workspace_bytes);
+  memory_free(ctx, ctx.workspace, ctx.workspace_bytes);
   ctx.workspace = nullptr;
   ctx.workspace_bytes = 0;
 }

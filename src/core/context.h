@@ -22,6 +22,8 @@ osft_status_t osfti_context_peek_handles(osft_context_t ctx, void **blas, void *
 #ifdef __cplusplus
 }
 
+#include <dlpack/dlpack.h>
+
 #include "core/allocator.h"
 
 struct osft_context_s {
@@ -39,6 +41,7 @@ struct osft_context_s {
   osft::Allocator allocator;
   void *workspace = nullptr;
   size_t workspace_bytes = 0;
+  int live_children = 0;  /* handles created from this context and alive */
   void *blas = nullptr;   /* cublasHandle_t, created on first use */
   void *solver = nullptr; /* cusolverDnHandle_t, created on first use */
 };
@@ -68,9 +71,17 @@ inline bool on_cuda(const Context &ctx) noexcept {
 void *workspace(Context &ctx, size_t bytes);
 void release_workspace(Context &ctx);
 
-/* Memory on the context's device for objects that outlive a call. */
+/* CUDA device memory through the context's allocator (CUDA contexts). */
 void *device_alloc(Context &ctx, size_t bytes, const char *what);
 void device_free(Context &ctx, void *ptr, size_t bytes) noexcept;
+
+/* Memory where the context computes (host for a CPU context, its GPU for a
+ * CUDA one), through its allocator: for objects that outlive a call. */
+void *memory_alloc(Context &ctx, size_t bytes, const char *what);
+void memory_free(Context &ctx, void *ptr, size_t bytes) noexcept;
+
+/* The DLPack device of the context's memory (kDLCPU or kDLCUDA + id). */
+DLDevice dl_device(const Context &ctx) noexcept;
 
 void set_stream(Context &ctx, void *stream);
 void synchronize(Context &ctx);

@@ -23,6 +23,7 @@ Registry &registry() {
 const char *handle_kind_name(HandleKind kind) noexcept {
   switch (kind) {
     case HandleKind::context: return "context";
+    case HandleKind::flinear: return "flinear layer";
   }
   return "handle";
 }

@@ -12,6 +12,7 @@ namespace osft {
  * another is expected. */
 enum class HandleKind : uint32_t {
   context = 1,
+  flinear = 2,
 };
 
 /* Human name of a kind for messages ("context"). */

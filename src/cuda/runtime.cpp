@@ -7,32 +7,10 @@
 #include <cusolverDn.h>
 
 #include "core/error.h"
+#include "cuda/device_guard.h"
 
 namespace osft::cuda {
 namespace {
-
-/* Makes `device_id` current for the scope and restores the caller's device,
- * so the library never changes a framework's current device behind it. */
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device_id) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device_id) {
-      cudaError_t e = cudaSetDevice(device_id);
-      if (e != cudaSuccess)
-        raise(OSFT_STATUS_BACKEND_ERROR, "cudaSetDevice(%d): %s", device_id,
-              cudaGetErrorString(e));
-    }
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard &) = delete;
-  DeviceGuard &operator=(const DeviceGuard &) = delete;
-
- private:
-  int previous_ = -1;
-};
 
 const char *blas_status_name(cublasStatus_t s) {
   return cublasGetStatusName(s);

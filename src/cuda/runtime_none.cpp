@@ -2,6 +2,7 @@
  * request for one is OSFT_STATUS_NOT_SUPPORTED. */
 #include "core/cuda_runtime.h"
 
+#include "core/backend.h"
 #include "core/error.h"
 
 namespace osft::cuda {
@@ -50,3 +51,11 @@ int toolkit_version() noexcept {
 }
 
 }  // namespace osft::cuda
+
+namespace osft {
+
+const Backend &cuda_backend() {
+  cuda::not_compiled("the CUDA backend");
+}
+
+}  // namespace osft

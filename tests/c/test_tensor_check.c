@@ -892,10 +892,22 @@ static void test_overlap_strided_views(void **state) {
   assert_overlap(&a, &b, OSFT_STATUS_SUCCESS);
   make_f32(&b, f, 1, SHAPE(1), NULL);
   assert_overlap(&a, &b, OSFT_STATUS_ALIASING);
-  /* The check compares address ranges, so interleaved views (columns 0-3
-   * and 4-7 of a [3, 8] matrix) count as overlapping: conservative. */
+  /* Interleaved column slices of one [3, 8] matrix share no element:
+   * columns 0-3 and 4-7 are disjoint, columns 0-4 and 4-7 are not, and a
+   * slice that wraps into the next row's columns is not either. */
   make_f32(&a, f, 2, SHAPE(3, 4), SHAPE(8, 1));
   make_f32(&b, f + 4, 2, SHAPE(3, 4), SHAPE(8, 1));
+  assert_overlap(&a, &b, OSFT_STATUS_SUCCESS);
+  make_f32(&a, f, 2, SHAPE(3, 5), SHAPE(8, 1));
+  assert_overlap(&a, &b, OSFT_STATUS_ALIASING);
+  make_f32(&a, f + 2, 2, SHAPE(3, 2), SHAPE(8, 1));
+  make_f32(&b, f + 5, 2, SHAPE(3, 3), SHAPE(8, 1));
+  assert_overlap(&a, &b, OSFT_STATUS_SUCCESS);
+  make_f32(&b, f + 5, 2, SHAPE(3, 6), SHAPE(8, 1)); /* wraps onto a's next row */
+  assert_overlap(&a, &b, OSFT_STATUS_ALIASING);
+  /* different row strides: judged by address range */
+  make_f32(&a, f, 2, SHAPE(3, 4), SHAPE(8, 1));
+  make_f32(&b, f + 4, 2, SHAPE(3, 4), SHAPE(9, 1));
   assert_overlap(&a, &b, OSFT_STATUS_ALIASING);
 }
 

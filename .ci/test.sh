@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The full CI run of libosftrt (README: `bash .ci/test.sh`).
+#
+#   0. .ci/setup.sh: install missing build/test dependencies.
+#   1. Main build in ./build: Ninja, CUDA AUTO (used when a toolkit is found)
+#      for the architectures in $OSFTRT_CUDA_ARCHS (default 90), warnings as
+#      errors, ABI gate on; build everything; ctest (unit tests, exported
+#      symbols, ABI baseline, packaging).
+#   2. Sanitizer build in ./build-asan: AddressSanitizer + UBSan, CPU only,
+#      no ABI gate; build everything; ctest with leak detection on and UBSan
+#      fatal.
+#   3. clang-format --dry-run --Werror over include/, src/, tests/c/ and
+#      examples/ (*.h *.c *.cpp *.cu *.cuh), if a .clang-format exists at the
+#      repository root.
+# Every stage runs even if an earlier one failed; a summary line follows.
+# Exit status: 0 if every stage passed, 1 otherwise.
+#
+# Usage: bash .ci/test.sh   (from any directory)
+#   OSFTRT_CUDA_ARCHS   CUDA architectures for the main build (default 90)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+jobs=2
+cuda_archs=${OSFTRT_CUDA_ARCHS:-90}
+summary=()
+failed=0
+
+# stage NAME FUNCTION: runs FUNCTION, records PASS/FAIL and its duration.
+stage() {
+  local name=$1 fn=$2 start rc
+  echo
+  echo "===== $name"
+  start=$SECONDS
+  set +e
+  ( set -e; "$fn" )
+  rc=$?
+  set -e
+  if [[ $rc -eq 0 ]]; then
+    summary+=("$name: PASS ($((SECONDS - start))s)")
+  else
+    summary+=("$name: FAIL ($((SECONDS - start))s)")
+    failed=1
+  fi
+  echo "===== $name: $([[ $rc -eq 0 ]] && echo PASS || echo "FAIL (exit $rc)")"
+}
+
+# -G Ninja for a new build dir; an existing one keeps its generator (CMake
+# refuses to switch).
+generator_args() {
+  if [[ -f "$1/CMakeCache.txt" ]] &&
+      ! grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja$' "$1/CMakeCache.txt"; then
+    echo "note: $1 was configured with another generator; keeping it" >&2
+  else
+    echo "-G Ninja"
+  fi
+}
+
+setup() {
+  bash .ci/setup.sh
+}
+
+main_build() {
+  # shellcheck disable=SC2046
+  cmake -S . -B build $(generator_args build) \
+    -DOSFTRT_CUDA=AUTO -DCMAKE_CUDA_ARCHITECTURES="$cuda_archs" \
+    -DOSFTRT_WERROR=ON -DOSFTRT_ABI_CHECK=ON -DOSFTRT_SANITIZE=OFF
+  cmake --build build -j"$jobs"
+  ctest --test-dir build --output-on-failure -j"$jobs"
+  # ctest does not print why a test skipped; the tests say it themselves.
+  grep -h "^SKIPPED:" build/Testing/Temporary/LastTest.log || true
+}
+
+asan_build() {
+  # shellcheck disable=SC2046
+  cmake -S . -B build-asan $(generator_args build-asan) \
+    -DOSFTRT_SANITIZE=ON -DOSFTRT_CUDA=OFF -DOSFTRT_ABI_CHECK=OFF \
+    -DOSFTRT_WERROR=ON
+  cmake --build build-asan -j"$jobs"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan --output-on-failure -j"$jobs"
+}
+
+format_check() {
+  local dirs=() d
+  for d in include src tests/c examples; do
+    [[ -d "$d" ]] && dirs+=("$d")
+  done
+  local files=()
+  mapfile -d '' files < <(find "${dirs[@]}" -type f \
+    \( -name '*.h' -o -name '*.c' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) \
+    -print0 | sort -z)
+  echo "clang-format $(clang-format --version | sed 's/.*version //') on ${#files[@]} files"
+  [[ ${#files[@]} -eq 0 ]] || clang-format --dry-run --Werror "${files[@]}"
+}
+
+stage "setup" setup
+if [[ $failed -ne 0 ]]; then
+  echo "ci: FAILED | ${summary[*]} (not building)"
+  exit 1
+fi
+stage "main build + ctest (build/)" main_build
+stage "sanitizer build + ctest (build-asan/)" asan_build
+if [[ -f .clang-format ]]; then
+  stage "clang-format" format_check
+else
+  summary+=("clang-format: SKIPPED (no .clang-format)")
+fi
+
+echo
+verdict=PASSED
+[[ $failed -eq 0 ]] || verdict=FAILED
+line="ci: $verdict"
+for s in "${summary[@]}"; do line+=" | $s"; done
+echo "$line"
+[[ $failed -eq 0 ]]

@@ -1,0 +1,99 @@
+/* Internal: the dense linear-algebra primitives every operation is written
+ * in, once, for both backends. An operation plans and validates in
+ * src/ops/, then calls backend(ctx).X(...); src/cpu/ and src/cuda/ each
+ * implement the table. Kernels never validate: arguments arrive checked. */
+#ifndef OSFTRT_SRC_CORE_BACKEND_H
+#define OSFTRT_SRC_CORE_BACKEND_H
+
+#include <cstdint>
+
+#include "core/context.h"
+#include "core/dtype.h"
+
+namespace osft {
+
+/* A row-major matrix view on the context's device: element (i, j) at
+ * data + (i * ld + j) * size(dtype). */
+struct Mat {
+  void *data = nullptr;
+  int64_t rows = 0, cols = 0, ld = 0;
+  osfti_dtype_t dtype = OSFTI_DTYPE_INVALID;
+};
+
+/* A contiguous vector view. */
+struct Vec {
+  void *data = nullptr;
+  int64_t n = 0;
+  osfti_dtype_t dtype = OSFTI_DTYPE_INVALID;
+};
+
+/* Column range [first, first + count) of a matrix view. */
+inline Mat cols_of(const Mat &m, int64_t first, int64_t count) noexcept {
+  return Mat{static_cast<char *>(m.data) +
+                 first * static_cast<int64_t>(osfti_dtype_size(m.dtype)),
+             m.rows, count, m.ld, m.dtype};
+}
+
+/* Row range [first, first + count) of a matrix view. */
+inline Mat rows_of(const Mat &m, int64_t first, int64_t count) noexcept {
+  return Mat{static_cast<char *>(m.data) +
+                 first * m.ld * static_cast<int64_t>(osfti_dtype_size(m.dtype)),
+             count, m.cols, m.ld, m.dtype};
+}
+
+/* A vector as a 1 x n matrix. */
+inline Mat as_row(const Vec &v) noexcept {
+  return Mat{v.data, 1, v.n, v.n, v.dtype};
+}
+
+enum class Op { N, T };         /* use a matrix as is, or transposed */
+enum class Axis { rows, cols }; /* which index a vector runs along */
+
+/* The kernels take OSFTI_F32 and OSFTI_BF16 views (svd: f32 or f64).
+ * Work is enqueued on the context's stream (CUDA) or done before return
+ * (CPU). Scratch comes from the context's allocator. */
+struct Backend {
+  /* C = alpha * op(A) * op(B) + beta * C, accumulated in fp32. A and B share
+   * a dtype (f32 or bf16); C is f32 or bf16. beta == 0 never reads C. */
+  void (*gemm)(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float alpha,
+               float beta, const Mat &c);
+
+  /* dst = beta * dst + src * diag(s)   (axis cols: s runs along columns), or
+   * dst = beta * dst + diag(s) * src   (axis rows). s == nullptr: no scaling.
+   * dst may be src (then beta must be 0). Any float dtypes; fp32 math. */
+  void (*scale_into)(Context &ctx, Axis axis, const Mat &src, const Vec *s, float beta,
+                     const Mat &dst);
+
+  /* Sums along an axis, optionally of a product (b == nullptr: of a alone):
+   * axis cols: y[j] = beta * y[j] + sum_i a[i,j] * b[i,j]
+   * axis rows: y[i] = beta * y[i] + sum_j a[i,j] * b[i,j]
+   * Accumulated in fp32 (CUDA) or fp64 (CPU). */
+  void (*reduce)(Context &ctx, Axis axis, const Mat &a, const Mat *b, float beta,
+                 const Vec &y);
+
+  /* Every row of dst = v (dtype converted). */
+  void (*broadcast_rows)(Context &ctx, const Vec &v, const Mat &dst);
+
+  /* Thin SVD a = u * diag(s) * vt with u (m x k), s (k), vt (k x n),
+   * k = min(m, n), singular values descending, computed in fp64. Throws
+   * OSFT_STATUS_NUMERICAL_ERROR if it does not converge. */
+  void (*svd)(Context &ctx, const Mat &a, const Mat &u, const Vec &s, const Mat &vt);
+
+  /* dst = 0 (every element of the view). */
+  void (*fill_zero)(Context &ctx, const Mat &dst);
+
+  /* True if no element of a is NaN or infinite (waits for the result). */
+  bool (*all_finite)(Context &ctx, const Mat &a);
+};
+
+const Backend &cpu_backend() noexcept;
+/* Throws OSFT_STATUS_NOT_SUPPORTED in builds without CUDA. */
+const Backend &cuda_backend();
+
+inline const Backend &backend(Context &ctx) {
+  return on_cuda(ctx) ? cuda_backend() : cpu_backend();
+}
+
+}  // namespace osft
+
+#endif

@@ -1,0 +1,462 @@
+/* Factorized linear: forward and backward, both strategies, written once on
+ * the backend primitives. Every buffer is planned before anything is
+ * written, so a failure (validation or out of memory) leaves outputs intact. */
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/scratch.h"
+#include "core/tensor_check.h"
+#include "ops/flinear.h"
+
+namespace osft {
+namespace {
+
+constexpr unsigned kComputeDtypes = OSFTI_F32 | OSFTI_BF16;
+
+void check(osft_status_t status) {
+  throw_if_error(status);
+}
+
+Mat as_mat(const DLTensor *t) {
+  const osfti_matrix m = osfti_as_matrix(t);
+  return Mat{m.data, m.rows, m.cols, m.ld, m.dtype};
+}
+
+Vec as_vec(const DLTensor *t) {
+  return Vec{static_cast<char *>(t->data) + t->byte_offset, t->shape[0],
+             osfti_dtype_from_dl(t->dtype)};
+}
+
+/* Activations: (..., cols) with padded rows allowed. `like` (if given) fixes
+ * the dtype and the leading dims. */
+Mat checked_rows(Context &ctx, const DLTensor *t, const char *name, int64_t cols,
+                 const DLTensor *like, const char *like_name) {
+  osfti_tensor_spec s{};
+  s.name = name;
+  s.dtypes = like != nullptr ? static_cast<unsigned>(osfti_dtype_from_dl(like->dtype))
+                             : kComputeDtypes;
+  s.min_rank = like != nullptr ? like->ndim : 1;
+  s.max_rank = like != nullptr ? like->ndim : OSFTI_MAX_RANK;
+  s.n_dims = 1;
+  s.dims[0] = cols;
+  s.layout = OSFTI_LAYOUT_ROWS;
+  check(osfti_check_tensor(&ctx, t, &s));
+  if (like != nullptr) {
+    check(osfti_check_same_dtype(like_name, like, name, t));
+    for (int d = 0; d + 1 < t->ndim; ++d)
+      if (t->shape[d] != like->shape[d])
+        raise(OSFT_STATUS_SHAPE_MISMATCH,
+              "%s: leading dim %d is %lld, but %s has %lld; they must match", name, d,
+              static_cast<long long>(t->shape[d]), like_name,
+              static_cast<long long>(like->shape[d]));
+  }
+  return as_mat(t);
+}
+
+/* A vector of n elements: fp32 or `alt` dtype. */
+void check_vector(Context &ctx, const DLTensor *t, const char *name, int64_t n,
+                  unsigned dtypes) {
+  osfti_tensor_spec s{};
+  s.name = name;
+  s.dtypes = dtypes;
+  s.min_rank = s.max_rank = s.n_dims = 1;
+  s.dims[0] = n;
+  s.layout = OSFTI_LAYOUT_CONTIGUOUS;
+  check(osfti_check_tensor(&ctx, t, &s));
+}
+
+void check_matrix(Context &ctx, const DLTensor *t, const char *name, int64_t rows,
+                  int64_t cols, unsigned dtypes) {
+  osfti_tensor_spec s{};
+  s.name = name;
+  s.dtypes = dtypes;
+  s.min_rank = s.max_rank = s.n_dims = 2;
+  s.dims[0] = rows;
+  s.dims[1] = cols;
+  s.layout = OSFTI_LAYOUT_ROWS;
+  check(osfti_check_tensor(&ctx, t, &s));
+}
+
+struct Named {
+  const char *name;
+  const DLTensor *t;
+};
+
+/* Outputs must not overlap any input, factor, or each other. */
+void check_disjoint(const Layer &layer, const Named *outs, int n_out, const Named *ins,
+                    int n_in) {
+  static const char *const factor_names[6] = {"u_high", "s_high", "v_high",
+                                              "u_low",  "s_low",  "v_low"};
+  for (int o = 0; o < n_out; ++o) {
+    if (outs[o].t == nullptr) continue;
+    for (int i = 0; i < n_in; ++i)
+      check(osfti_check_no_overlap(ins[i].name, ins[i].t, outs[o].name, outs[o].t));
+    for (int f = 0; f < 6; ++f)
+      check(osfti_check_no_overlap(factor_names[f], &layer.factor[f].t, outs[o].name,
+                                   outs[o].t));
+    for (int p = 0; p < o; ++p)
+      check(osfti_check_no_overlap(outs[p].name, outs[p].t, outs[o].name, outs[o].t));
+  }
+}
+
+/* ------------------------------------------------------------ factor GEMMs */
+
+/* Where the factors' dtype differs from the compute dtype, U and V^T are
+ * converted into scratch (laid out fused); S never needs converting. */
+struct ConvertSlots {
+  int u = -1, v = -1;
+};
+
+ConvertSlots plan_convert(const Layer &l, osfti_dtype_t compute, ScratchPlan &plan) {
+  ConvertSlots c;
+  if (l.factor_dtype == compute) return c;
+  c.u = plan.add_mat(l.n, l.r + l.l, compute);
+  c.v = plan.add_mat(l.r + l.l, l.kin, compute);
+  return c;
+}
+
+FactorViews compute_views(Layer &l, const ScratchPlan &plan, const ConvertSlots &c) {
+  FactorViews f = factor_views(l);
+  if (c.u < 0) return f;
+  const Backend &be = backend(*l.ctx);
+  const Mat u = plan.mat(c.u), v = plan.mat(c.v);
+  auto copy = [&](const Mat &src, const Mat &dst) {
+    be.scale_into(*l.ctx, Axis::cols, src, nullptr, 0.0f, dst);
+  };
+  copy(f.u_high, cols_of(u, 0, l.r));
+  copy(f.u_low, cols_of(u, l.r, l.l));
+  copy(f.v_high, rows_of(v, 0, l.r));
+  copy(f.v_low, rows_of(v, l.r, l.l));
+  f.u_all = u;
+  f.v_all = v;
+  f.u_high = cols_of(u, 0, l.r);
+  f.u_low = cols_of(u, l.r, l.l);
+  f.v_high = rows_of(v, 0, l.r);
+  f.v_low = rows_of(v, l.r, l.l);
+  f.u_fused = f.v_fused = true;
+  return f;
+}
+
+/* out (M x k) = a V^T, one GEMM when the parts of V are adjacent. */
+void gemm_a_vt(Context &ctx, const Layer &l, const FactorViews &f, const Mat &a,
+               const Mat &out) {
+  const Backend &be = backend(ctx);
+  if (f.v_fused) return be.gemm(ctx, Op::N, a, Op::T, f.v_all, 1.0f, 0.0f, out);
+  be.gemm(ctx, Op::N, a, Op::T, f.v_high, 1.0f, 0.0f, cols_of(out, 0, l.r));
+  be.gemm(ctx, Op::N, a, Op::T, f.v_low, 1.0f, 0.0f, cols_of(out, l.r, l.l));
+}
+
+/* out (M x k) = a U. */
+void gemm_a_u(Context &ctx, const Layer &l, const FactorViews &f, const Mat &a,
+              const Mat &out) {
+  const Backend &be = backend(ctx);
+  if (f.u_fused) return be.gemm(ctx, Op::N, a, Op::N, f.u_all, 1.0f, 0.0f, out);
+  be.gemm(ctx, Op::N, a, Op::N, f.u_high, 1.0f, 0.0f, cols_of(out, 0, l.r));
+  be.gemm(ctx, Op::N, a, Op::N, f.u_low, 1.0f, 0.0f, cols_of(out, l.r, l.l));
+}
+
+/* out = beta out + t F^T (F = U, n x k) or t F (F = V^T, k x kin): the low
+ * part is accumulated by the second GEMM itself (beta = 1). */
+void gemm_t_factor(Context &ctx, const Layer &l, bool fused, const Mat &all,
+                   const Mat &high, const Mat &low, Op op, const Mat &t, float beta,
+                   const Mat &out) {
+  const Backend &be = backend(ctx);
+  if (fused) return be.gemm(ctx, Op::N, t, op, all, 1.0f, beta, out);
+  be.gemm(ctx, Op::N, cols_of(t, 0, l.r), op, high, 1.0f, beta, out);
+  be.gemm(ctx, Op::N, cols_of(t, l.r, l.l), op, low, 1.0f, 1.0f, out);
+}
+
+/* t (M x k) = t diag(S). */
+void scale_by_s(Context &ctx, const Layer &l, const FactorViews &f, const Mat &t) {
+  const Backend &be = backend(ctx);
+  if (f.s_fused) return be.scale_into(ctx, Axis::cols, t, &f.s_all, 0.0f, t);
+  const Mat th = cols_of(t, 0, l.r), tl = cols_of(t, l.r, l.l);
+  be.scale_into(ctx, Axis::cols, th, &f.s_high, 0.0f, th);
+  be.scale_into(ctx, Axis::cols, tl, &f.s_low, 0.0f, tl);
+}
+
+/* --------------------------------------------------------------- dense */
+
+/* acc = beta acc + (U diag(S)) V in fp32, through the dense scratch. */
+void add_product(Layer &l, const Mat &u, const Vec &s, const Mat &v, float beta,
+                 const Mat &acc, const ScratchPlan &plan, const DenseSlots &slots) {
+  Context &ctx = *l.ctx;
+  const Backend &be = backend(ctx);
+  Mat us = plan.mat(slots.us);
+  us.cols = u.cols;
+  be.scale_into(ctx, Axis::cols, u, &s, 0.0f, us);
+  Mat v32 = v;
+  if (slots.v32 >= 0) {
+    v32 = plan.mat(slots.v32);
+    v32.rows = v.rows;
+    be.scale_into(ctx, Axis::cols, v, nullptr, 0.0f, v32);
+  }
+  be.gemm(ctx, Op::N, us, Op::N, v32, 1.0f, beta, acc);
+}
+
+Mat high_cache(Layer &l, const ScratchPlan &plan, const DenseSlots &slots) {
+  const Mat cache{l.w_high, l.n, l.kin, l.kin, OSFTI_F32};
+  if (l.w_high != nullptr) return cache;
+  const size_t bytes = static_cast<size_t>(l.n * l.kin) * sizeof(float);
+  Mat fresh = cache;
+  fresh.data = memory_alloc(*l.ctx, bytes, "flinear frozen-weight cache");
+  const FactorViews f = factor_views(l);
+  try {
+    add_product(l, f.u_high, f.s_high, f.v_high, 0.0f, fresh, plan, slots);
+  } catch (...) {
+    memory_free(*l.ctx, fresh.data, bytes);
+    throw;
+  }
+  l.w_high = fresh.data;
+  return fresh;
+}
+
+/* The dense weight in the compute dtype, built into scratch. */
+struct DenseWeight {
+  DenseSlots slots;
+  int w32 = -1, wc = -1;
+};
+
+DenseWeight plan_weight(const Layer &l, osfti_dtype_t compute, ScratchPlan &plan) {
+  DenseWeight d;
+  d.slots = plan_dense(l, plan);
+  d.w32 = plan.add_mat(l.n, l.kin, OSFTI_F32);
+  if (compute != OSFTI_F32) d.wc = plan.add_mat(l.n, l.kin, compute);
+  return d;
+}
+
+Mat build_weight(Layer &l, const ScratchPlan &plan, const DenseWeight &d) {
+  build_dense(l, plan.mat(d.w32), plan, d.slots);
+  if (d.wc < 0) return plan.mat(d.w32);
+  backend(*l.ctx).scale_into(*l.ctx, Axis::cols, plan.mat(d.w32), nullptr, 0.0f,
+                             plan.mat(d.wc));
+  return plan.mat(d.wc);
+}
+
+/* -------------------------------------------------------------- forward */
+
+/* y = bias (broadcast), so that the GEMM adds onto it; returns its beta. */
+float start_output(Context &ctx, const Vec *bias, const Mat &y) {
+  if (bias == nullptr) return 0.0f;
+  backend(ctx).broadcast_rows(ctx, *bias, y);
+  return 1.0f;
+}
+
+void forward_factorized(Layer &l, const Mat &x, const Vec *bias, const Mat &y) {
+  Context &ctx = *l.ctx;
+  ScratchPlan plan;
+  const ConvertSlots conv = plan_convert(l, x.dtype, plan);
+  const int t = plan.add_mat(x.rows, l.r + l.l, x.dtype);
+  plan.allocate(ctx);
+  const FactorViews f = compute_views(l, plan, conv);
+  const float beta = start_output(ctx, bias, y);
+  const Mat tm = plan.mat(t);
+  gemm_a_vt(ctx, l, f, x, tm);
+  scale_by_s(ctx, l, f, tm);
+  gemm_t_factor(ctx, l, f.u_fused, f.u_all, f.u_high, f.u_low, Op::T, tm, beta, y);
+}
+
+void forward_dense(Layer &l, const Mat &x, const Vec *bias, const Mat &y) {
+  ScratchPlan plan;
+  const DenseWeight d = plan_weight(l, x.dtype, plan);
+  plan.allocate(*l.ctx);
+  const Mat w = build_weight(l, plan, d);
+  const float beta = start_output(*l.ctx, bias, y);
+  backend(*l.ctx).gemm(*l.ctx, Op::N, x, Op::T, w, 1.0f, beta, y);
+}
+
+/* ------------------------------------------------------------- backward */
+
+struct GradViews {
+  const DLTensor *x = nullptr, *u = nullptr, *s = nullptr, *v = nullptr, *bias = nullptr;
+  float beta_x = 0, beta_u = 0, beta_s = 0, beta_v = 0, beta_bias = 0;
+};
+
+void backward_factorized(Layer &l, const Mat &x, const Mat &g, const GradViews &gr) {
+  Context &ctx = *l.ctx;
+  const Backend &be = backend(ctx);
+  const bool want_a_low = gr.v != nullptr || gr.s != nullptr;
+  const bool want_t_low = gr.u != nullptr || gr.s != nullptr;
+  const int64_t m = x.rows, k = l.r + l.l;
+  ScratchPlan plan;
+  const ConvertSlots conv = plan_convert(l, x.dtype, plan);
+  const int a = gr.x != nullptr || want_a_low
+                    ? plan.add_mat(m, gr.x != nullptr ? k : l.l, x.dtype)
+                    : -1;
+  const int t = want_t_low ? plan.add_mat(m, l.l, x.dtype) : -1;
+  plan.allocate(ctx);
+  const FactorViews f = compute_views(l, plan, conv);
+
+  Mat a_all, a_low, t_low;
+  if (gr.x != nullptr) {
+    a_all = plan.mat(a);
+    gemm_a_u(ctx, l, f, g, a_all); /* A = g U */
+    a_low = cols_of(a_all, l.r, l.l);
+  } else if (want_a_low) {
+    a_low = plan.mat(a);
+    be.gemm(ctx, Op::N, g, Op::N, f.u_low, 1.0f, 0.0f, a_low);
+  }
+  if (want_t_low) {
+    t_low = plan.mat(t);
+    be.gemm(ctx, Op::N, x, Op::T, f.v_low, 1.0f, 0.0f, t_low); /* T = x V_low^T */
+  }
+  /* dS_low = diag(U_low^T G V_low^T) = column sums of (g U_low) o (x V_low^T). */
+  if (gr.s != nullptr) be.reduce(ctx, Axis::cols, a_low, &t_low, gr.beta_s, as_vec(gr.s));
+  if (gr.x != nullptr)
+    scale_by_s(ctx, l, f, a_all);
+  else if (gr.v != nullptr)
+    be.scale_into(ctx, Axis::cols, a_low, &f.s_low, 0.0f, a_low);
+  /* dV_low = diag(S_low) U_low^T g^T x = (g U_low diag(S_low))^T x. */
+  if (gr.v != nullptr)
+    be.gemm(ctx, Op::T, a_low, Op::N, x, 1.0f, gr.beta_v, as_mat(gr.v));
+  /* dx = g U diag(S) V^T-rows = A_s V. */
+  if (gr.x != nullptr)
+    gemm_t_factor(ctx, l, f.v_fused, f.v_all, f.v_high, f.v_low, Op::N, a_all, gr.beta_x,
+                  as_mat(gr.x));
+  /* dU_low = g^T x V_low^T diag(S_low). */
+  if (gr.u != nullptr) {
+    be.scale_into(ctx, Axis::cols, t_low, &f.s_low, 0.0f, t_low);
+    be.gemm(ctx, Op::T, g, Op::N, t_low, 1.0f, gr.beta_u, as_mat(gr.u));
+  }
+}
+
+void backward_dense(Layer &l, const Mat &x, const Mat &g, const GradViews &gr) {
+  Context &ctx = *l.ctx;
+  const Backend &be = backend(ctx);
+  const bool want_low = gr.u != nullptr || gr.v != nullptr || gr.s != nullptr;
+  const bool want_p = gr.v != nullptr || gr.s != nullptr;
+  const bool widen = l.factor_dtype != OSFTI_F32;
+  ScratchPlan plan;
+  /* W (for dx) and G = g^T x (for the factor gradients) share one fp32
+   * n x kin buffer: dx is done with W before G is written. */
+  DenseWeight d;
+  if (gr.x != nullptr) {
+    d = plan_weight(l, x.dtype, plan);
+  } else if (want_low) {
+    d.w32 = plan.add_mat(l.n, l.kin, OSFTI_F32);
+  }
+  const int u32 = want_low && widen ? plan.add_mat(l.n, l.l, OSFTI_F32) : -1;
+  const int v32 = want_low && widen ? plan.add_mat(l.l, l.kin, OSFTI_F32) : -1;
+  const int p = want_p ? plan.add_mat(l.l, l.kin, OSFTI_F32) : -1;
+  const int q = gr.u != nullptr ? plan.add_mat(l.n, l.l, OSFTI_F32) : -1;
+  plan.allocate(ctx);
+
+  if (gr.x != nullptr) {
+    const Mat w = build_weight(l, plan, d);
+    be.gemm(ctx, Op::N, g, Op::N, w, 1.0f, gr.beta_x, as_mat(gr.x)); /* dx = g W */
+  }
+  if (!want_low) return;
+  const Mat gm = plan.mat(d.w32);
+  be.gemm(ctx, Op::T, g, Op::N, x, 1.0f, 0.0f, gm); /* G = g^T x, fp32 */
+  const FactorViews f = factor_views(l);
+  Mat u_low = f.u_low, v_low = f.v_low;
+  if (widen) {
+    u_low = plan.mat(u32);
+    v_low = plan.mat(v32);
+    be.scale_into(ctx, Axis::cols, f.u_low, nullptr, 0.0f, u_low);
+    be.scale_into(ctx, Axis::cols, f.v_low, nullptr, 0.0f, v_low);
+  }
+  if (want_p) {
+    const Mat pm = plan.mat(p);
+    be.gemm(ctx, Op::T, u_low, Op::N, gm, 1.0f, 0.0f, pm); /* P = U_low^T G */
+    if (gr.s != nullptr) be.reduce(ctx, Axis::rows, pm, &v_low, gr.beta_s, as_vec(gr.s));
+    if (gr.v != nullptr)
+      be.scale_into(ctx, Axis::rows, pm, &f.s_low, gr.beta_v, as_mat(gr.v));
+  }
+  if (gr.u != nullptr) {
+    const Mat qm = plan.mat(q);
+    be.gemm(ctx, Op::N, gm, Op::T, v_low, 1.0f, 0.0f, qm); /* Q = G V_low^T */
+    be.scale_into(ctx, Axis::cols, qm, &f.s_low, gr.beta_u, as_mat(gr.u));
+  }
+}
+
+float beta_for(uint32_t accumulate, uint32_t bit) {
+  return (accumulate & bit) ? 1.0f : 0.0f;
+}
+
+}  // namespace
+
+DenseSlots plan_dense(const Layer &l, ScratchPlan &plan) {
+  const int64_t width = std::max(l.r, l.l);
+  DenseSlots d;
+  d.us = plan.add_mat(l.n, width, OSFTI_F32);
+  if (l.factor_dtype != OSFTI_F32) d.v32 = plan.add_mat(width, l.kin, OSFTI_F32);
+  return d;
+}
+
+void build_dense(Layer &l, const Mat &w, const ScratchPlan &plan,
+                 const DenseSlots &slots) {
+  const Mat cache = high_cache(l, plan, slots);
+  backend(*l.ctx).scale_into(*l.ctx, Axis::cols, cache, nullptr, 0.0f, w);
+  const FactorViews f = factor_views(l);
+  add_product(l, f.u_low, f.s_low, f.v_low, 1.0f, w, plan, slots);
+}
+
+void forward(Layer &l, const DLTensor *x, const DLTensor *bias, DLTensor *y) {
+  Context &ctx = *l.ctx;
+  const Mat xm = checked_rows(ctx, x, "x", l.kin, nullptr, nullptr);
+  const Mat ym = checked_rows(ctx, y, "y", l.n, x, "x");
+  if (bias != nullptr) check_vector(ctx, bias, "bias", l.n, OSFTI_F32 | xm.dtype);
+  const Named outs[1] = {{"y", y}};
+  const Named ins[2] = {{"x", x}, {"bias", bias}};
+  check_disjoint(l, outs, 1, ins, 2);
+  if (xm.rows == 0) return;
+  const Vec bias_vec = bias != nullptr ? as_vec(bias) : Vec{};
+  const Vec *b = bias != nullptr ? &bias_vec : nullptr;
+  const osft_flinear_strategy_t s =
+      choose_strategy(l, xm.rows, OSFT_FLINEAR_FORWARD, GradRequest{}, xm.dtype);
+  if (s == OSFT_FLINEAR_DENSE)
+    forward_dense(l, xm, b, ym);
+  else
+    forward_factorized(l, xm, b, ym);
+}
+
+void backward(Layer &l, const DLTensor *x, const DLTensor *grad_y,
+              const osft_flinear_grads_t &grads) {
+  Context &ctx = *l.ctx;
+  const Mat xm = checked_rows(ctx, x, "x", l.kin, nullptr, nullptr);
+  const Mat gm = checked_rows(ctx, grad_y, "grad_y", l.n, x, "x");
+  const unsigned fdt = l.factor_dtype;
+  GradViews gr;
+  gr.x = grads.grad_x;
+  gr.u = grads.grad_u_low;
+  gr.s = grads.grad_s_low;
+  gr.v = grads.grad_v_low;
+  gr.bias = grads.grad_bias;
+  if (gr.x != nullptr) checked_rows(ctx, gr.x, "grads->grad_x", l.kin, x, "x");
+  if (gr.u != nullptr) check_matrix(ctx, gr.u, "grads->grad_u_low", l.n, l.l, fdt);
+  if (gr.s != nullptr) check_vector(ctx, gr.s, "grads->grad_s_low", l.l, fdt);
+  if (gr.v != nullptr) check_matrix(ctx, gr.v, "grads->grad_v_low", l.l, l.kin, fdt);
+  if (gr.bias != nullptr)
+    check_vector(ctx, gr.bias, "grads->grad_bias", l.n, OSFTI_F32 | xm.dtype);
+  const Named outs[5] = {{"grads->grad_x", gr.x},
+                         {"grads->grad_u_low", gr.u},
+                         {"grads->grad_s_low", gr.s},
+                         {"grads->grad_v_low", gr.v},
+                         {"grads->grad_bias", gr.bias}};
+  const Named ins[2] = {{"x", x}, {"grad_y", grad_y}};
+  check_disjoint(l, outs, 5, ins, 2);
+
+  const uint32_t acc = grads.accumulate;
+  gr.beta_x = beta_for(acc, OSFT_FLINEAR_ACCUMULATE_GRAD_X);
+  gr.beta_u = beta_for(acc, OSFT_FLINEAR_ACCUMULATE_GRAD_U_LOW);
+  gr.beta_s = beta_for(acc, OSFT_FLINEAR_ACCUMULATE_GRAD_S_LOW);
+  gr.beta_v = beta_for(acc, OSFT_FLINEAR_ACCUMULATE_GRAD_V_LOW);
+  gr.beta_bias = beta_for(acc, OSFT_FLINEAR_ACCUMULATE_GRAD_BIAS);
+  GradRequest want;
+  want.x = gr.x != nullptr;
+  want.u = gr.u != nullptr;
+  want.s = gr.s != nullptr;
+  want.v = gr.v != nullptr;
+  want.bias = gr.bias != nullptr;
+  const osft_flinear_strategy_t s =
+      choose_strategy(l, xm.rows, OSFT_FLINEAR_BACKWARD, want, xm.dtype);
+  if (s == OSFT_FLINEAR_DENSE)
+    backward_dense(l, xm, gm, gr);
+  else
+    backward_factorized(l, xm, gm, gr);
+  if (gr.bias != nullptr)
+    backend(ctx).reduce(ctx, Axis::cols, gm, nullptr, gr.beta_bias, as_vec(gr.bias));
+}
+
+}  // namespace osft
