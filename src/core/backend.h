@@ -84,6 +84,10 @@ struct Backend {
 
   /* True if no element of a is NaN or infinite (waits for the result). */
   bool (*all_finite)(Context &ctx, const Mat &a);
+
+  /* A 64-bit hash of the bytes of a's elements, for detecting in-place
+   * updates; nullptr where it cannot be had without a device sync. */
+  uint64_t (*fingerprint)(Context &ctx, const Mat &a);
 };
 
 const Backend &cpu_backend() noexcept;

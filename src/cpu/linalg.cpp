@@ -5,6 +5,7 @@
 #include <lapack.h>
 
 #include <climits>
+#include <cstring>
 #include <cmath>
 #include <type_traits>
 #include <utility>
@@ -271,6 +272,28 @@ bool cpu_all_finite(Context &, const Mat &a) {
   return finite;
 }
 
+/* Order-independent sum of mixed (index, word) pairs: any single changed
+ * element changes the result. */
+uint64_t cpu_fingerprint(Context &, const Mat &a) {
+  auto mix = [](uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  const size_t row_bytes = static_cast<size_t>(a.cols) * osfti_dtype_size(a.dtype);
+  const size_t stride = static_cast<size_t>(a.ld) * osfti_dtype_size(a.dtype);
+  uint64_t h = 0, index = 0;
+  for (int64_t i = 0; i < a.rows; ++i) {
+    const auto *row = static_cast<const unsigned char *>(a.data) + i * stride;
+    for (size_t off = 0; off < row_bytes; off += 8, ++index) {
+      uint64_t word = 0;
+      std::memcpy(&word, row + off, std::min<size_t>(8, row_bytes - off));
+      h += mix(word ^ mix(index + 0x9e3779b97f4a7c15ull));
+    }
+  }
+  return h;
+}
+
 /* LAPACK is column-major: the row-major m x n matrix A is, read as stored,
  * the column-major n x m matrix A^T = V S U^T. So dgesdd's "U" (n x k,
  * column-major) is our V^T (k x n, row-major) and its "VT" (k x m,
@@ -311,7 +334,7 @@ void cpu_svd(Context &ctx, const Mat &a, const Mat &u, const Vec &s, const Mat &
 const Backend &cpu_backend() noexcept {
   static const Backend table = {cpu_gemm,           cpu_scale_into, cpu_reduce,
                                 cpu_broadcast_rows, cpu_svd,        cpu_fill_zero,
-                                cpu_all_finite};
+                                cpu_all_finite, cpu_fingerprint};
   return table;
 }
 

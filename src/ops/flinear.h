@@ -31,6 +31,10 @@ struct osft_flinear_s {
   /* Cache of the frozen product U_high diag(S_high) V_high, fp32 n x kin,
    * built on first use by the dense strategy. */
   void *w_high = nullptr;
+  /* The last rebuilt dense W (fp32 n x kin) and the fingerprint of the
+   * trainable factors it was built from (0: none). */
+  void *w_cur = nullptr;
+  uint64_t w_cur_fingerprint = 0;
   bool counted = false; /* registered, and counted in ctx->live_children */
 };
 

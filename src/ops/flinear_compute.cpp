@@ -211,25 +211,64 @@ Mat high_cache(Layer &l, const ScratchPlan &plan, const DenseSlots &slots) {
   return fresh;
 }
 
-/* The dense weight in the compute dtype, built into scratch. */
+/* A fingerprint of the trainable factors' current values, or 0 when the
+ * backend cannot take one cheaply (CUDA: it would need a host sync). */
+uint64_t trainable_fingerprint(Layer &l) {
+  const Backend &be = backend(*l.ctx);
+  if (be.fingerprint == nullptr) return 0;
+  const FactorViews f = factor_views(l);
+  uint64_t h = be.fingerprint(*l.ctx, f.u_low);
+  h = h * 0x9e3779b97f4a7c15ull + be.fingerprint(*l.ctx, as_row(f.s_low));
+  h = h * 0x9e3779b97f4a7c15ull + be.fingerprint(*l.ctx, f.v_low);
+  return h | 1; /* never 0: 0 means "none" */
+}
+
+/* The current dense weight W kept by the layer between calls, rebuilt only
+ * when the trainable factors changed (their fingerprint says so): the
+ * forward and backward of a step, and every micro-batch of an accumulation,
+ * share one rebuild. */
+Mat current_weight(Layer &l, uint64_t fingerprint, const ScratchPlan &plan,
+                   const DenseSlots &slots) {
+  const Mat w{l.w_cur, l.n, l.kin, l.kin, OSFTI_F32};
+  if (l.w_cur != nullptr && l.w_cur_fingerprint == fingerprint) return w;
+  Mat fresh = w;
+  if (fresh.data == nullptr)
+    fresh.data = memory_alloc(*l.ctx, static_cast<size_t>(l.n * l.kin) * sizeof(float),
+                              "flinear current-weight cache");
+  l.w_cur = fresh.data;
+  l.w_cur_fingerprint = 0; /* invalid until rebuilt */
+  build_dense(l, fresh, plan, slots);
+  l.w_cur_fingerprint = fingerprint;
+  return fresh;
+}
+
+/* The dense weight in the compute dtype: the layer's current-weight cache
+ * where fingerprints are available, else rebuilt into scratch. */
 struct DenseWeight {
   DenseSlots slots;
+  uint64_t fingerprint = 0;
   int w32 = -1, wc = -1;
 };
 
-DenseWeight plan_weight(const Layer &l, osfti_dtype_t compute, ScratchPlan &plan) {
+DenseWeight plan_weight(Layer &l, osfti_dtype_t compute, ScratchPlan &plan) {
   DenseWeight d;
   d.slots = plan_dense(l, plan);
-  d.w32 = plan.add_mat(l.n, l.kin, OSFTI_F32);
+  d.fingerprint = trainable_fingerprint(l);
+  if (d.fingerprint == 0) d.w32 = plan.add_mat(l.n, l.kin, OSFTI_F32);
   if (compute != OSFTI_F32) d.wc = plan.add_mat(l.n, l.kin, compute);
   return d;
 }
 
 Mat build_weight(Layer &l, const ScratchPlan &plan, const DenseWeight &d) {
-  build_dense(l, plan.mat(d.w32), plan, d.slots);
-  if (d.wc < 0) return plan.mat(d.w32);
-  backend(*l.ctx).scale_into(*l.ctx, Axis::cols, plan.mat(d.w32), nullptr, 0.0f,
-                             plan.mat(d.wc));
+  Mat w32;
+  if (d.fingerprint != 0) {
+    w32 = current_weight(l, d.fingerprint, plan, d.slots);
+  } else {
+    w32 = plan.mat(d.w32);
+    build_dense(l, w32, plan, d.slots);
+  }
+  if (d.wc < 0) return w32;
+  backend(*l.ctx).scale_into(*l.ctx, Axis::cols, w32, nullptr, 0.0f, plan.mat(d.wc));
   return plan.mat(d.wc);
 }
 
@@ -327,14 +366,11 @@ void backward_dense(Layer &l, const Mat &x, const Mat &g, const GradViews &gr) {
   const bool want_p = gr.v != nullptr || gr.s != nullptr;
   const bool widen = l.factor_dtype != OSFTI_F32;
   ScratchPlan plan;
-  /* W (for dx) and G = g^T x (for the factor gradients) share one fp32
-   * n x kin buffer: dx is done with W before G is written. */
+  /* G = g^T x (for the factor gradients) reuses W's scratch when W is
+   * rebuilt into scratch: dx is done with W before G is written. */
   DenseWeight d;
-  if (gr.x != nullptr) {
-    d = plan_weight(l, x.dtype, plan);
-  } else if (want_low) {
-    d.w32 = plan.add_mat(l.n, l.kin, OSFTI_F32);
-  }
+  if (gr.x != nullptr) d = plan_weight(l, x.dtype, plan);
+  const int g32 = want_low ? (d.w32 >= 0 ? d.w32 : plan.add_mat(l.n, l.kin, OSFTI_F32)) : -1;
   const int u32 = want_low && widen ? plan.add_mat(l.n, l.l, OSFTI_F32) : -1;
   const int v32 = want_low && widen ? plan.add_mat(l.l, l.kin, OSFTI_F32) : -1;
   const int p = want_p ? plan.add_mat(l.l, l.kin, OSFTI_F32) : -1;
@@ -346,7 +382,7 @@ void backward_dense(Layer &l, const Mat &x, const Mat &g, const GradViews &gr) {
     be.gemm(ctx, Op::N, g, Op::N, w, 1.0f, gr.beta_x, as_mat(gr.x)); /* dx = g W */
   }
   if (!want_low) return;
-  const Mat gm = plan.mat(d.w32);
+  const Mat gm = plan.mat(g32);
   be.gemm(ctx, Op::T, g, Op::N, x, 1.0f, 0.0f, gm); /* G = g^T x, fp32 */
   const FactorViews f = factor_views(l);
   Mat u_low = f.u_low, v_low = f.v_low;

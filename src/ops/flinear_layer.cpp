@@ -404,10 +404,12 @@ void redecompose(Layer &layer, const DLTensor *weight) {
 }
 
 void refresh(Layer &layer) noexcept {
-  if (layer.w_high == nullptr) return;
-  memory_free(*layer.ctx, layer.w_high,
-              static_cast<size_t>(layer.n * layer.kin) * sizeof(float));
-  layer.w_high = nullptr;
+  const size_t bytes = static_cast<size_t>(layer.n * layer.kin) * sizeof(float);
+  for (void **cache : {&layer.w_high, &layer.w_cur}) {
+    memory_free(*layer.ctx, *cache, bytes);
+    *cache = nullptr;
+  }
+  layer.w_cur_fingerprint = 0;
 }
 
 }  // namespace osft

@@ -38,9 +38,13 @@ Cost factorized_cost(const Layer &l, double m, osft_flinear_pass_t pass,
 Cost dense_cost(const Layer &l, double m, osft_flinear_pass_t pass, const GradRequest &w,
                 double ec) {
   const double n = l.n, kin = l.kin, lo = l.l, width = std::max(l.r, l.l);
+  /* Where the backend fingerprints the trainable factors, the layer keeps
+   * the rebuilt W between calls: one rebuild per step, paid by the
+   * forward, and W lives outside the workspace. */
+  const bool kept = backend(*l.ctx).fingerprint != nullptr;
   const double rebuild = 2.0 * n * kin * lo + n * kin;
-  const double weight_bytes = n * kin * 4.0 + (ec != 4.0 ? n * kin * ec : 0.0) +
-                              n * width * 4.0 +
+  const double weight_bytes = (kept ? 0.0 : n * kin * 4.0) +
+                              (ec != 4.0 ? n * kin * ec : 0.0) + n * width * 4.0 +
                               (l.factor_dtype != OSFTI_F32 ? width * kin * 4.0 : 0.0);
   Cost c;
   if (pass == OSFT_FLINEAR_FORWARD) {
@@ -50,13 +54,13 @@ Cost dense_cost(const Layer &l, double m, osft_flinear_pass_t pass, const GradRe
   }
   const bool low = w.u || w.v || w.s;
   if (w.x) {
-    c.flops += rebuild + 2.0 * m * n * kin;
+    c.flops += (kept ? 0.0 : rebuild) + 2.0 * m * n * kin;
     c.bytes = weight_bytes;
   }
   if (low) {
     c.flops += 2.0 * m * n * kin + ((w.v || w.s) ? 2.0 * n * kin * lo : 0.0) +
                (w.u ? 2.0 * n * kin * lo : 0.0);
-    c.bytes = std::max(c.bytes, n * kin * 4.0) + (n + kin) * lo * 8.0;
+    c.bytes += (kept || !w.x ? n * kin * 4.0 : 0.0) + (n + kin) * lo * 8.0;
   }
   return c;
 }
