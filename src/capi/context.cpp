@@ -2,6 +2,7 @@
  * src/core; this layer names the function and maps exceptions to status. */
 #include "osftrt/context.h"
 
+#include "capi/capi_util.h"
 #include "core/context.h"
 #include "core/cuda_runtime.h"
 #include "core/error.h"
@@ -11,22 +12,9 @@
 namespace {
 
 using osft::api_call;
+using osft::init_struct;
 using osft::raise;
-
-template <class T>
-void require(const T *ptr, const char *arg) {
-  if (ptr == nullptr) raise(OSFT_STATUS_INVALID_ARGUMENT, "%s: NULL pointer", arg);
-}
-
-/* Initializes a caller struct of struct_size bytes to `defaults`. */
-template <class T>
-osft_status_t init_struct(T *user, size_t struct_size, const T &defaults, size_t v1_size,
-                          const char *arg, const char *type) {
-  require(user, arg);
-  osft::check_struct_size(arg, type, struct_size, v1_size);
-  osft::write_struct(user, struct_size, defaults);
-  return OSFT_STATUS_SUCCESS;
-}
+using osft::require;
 
 }  // namespace
 

@@ -1,6 +1,7 @@
 /* C ABI: the factorized-linear (OSFT) layer. */
 #include "osftrt/flinear.h"
 
+#include "capi/capi_util.h"
 #include "core/context.h"
 #include "core/error.h"
 #include "core/handle.h"
@@ -10,21 +11,9 @@
 namespace {
 
 using osft::api_call;
+using osft::init_struct;
 using osft::raise;
-
-template <class T>
-void require(const T *ptr, const char *arg) {
-  if (ptr == nullptr) raise(OSFT_STATUS_INVALID_ARGUMENT, "%s: NULL pointer", arg);
-}
-
-template <class T>
-osft_status_t init_struct(T *user, size_t struct_size, const T &defaults, size_t v1_size,
-                          const char *arg, const char *type) {
-  require(user, arg);
-  osft::check_struct_size(arg, type, struct_size, v1_size);
-  osft::write_struct(user, struct_size, defaults);
-  return OSFT_STATUS_SUCCESS;
-}
+using osft::require;
 
 constexpr size_t kFactorsV1 = OSFTI_V1_SIZE(osft_flinear_factors_t, v_low);
 constexpr size_t kGradsV1 = OSFTI_V1_SIZE(osft_flinear_grads_t, accumulate);

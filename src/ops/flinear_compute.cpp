@@ -5,77 +5,13 @@
 
 #include "core/error.h"
 #include "core/scratch.h"
-#include "core/tensor_check.h"
+#include "core/tensor_args.h"
 #include "ops/flinear.h"
 
 namespace osft {
 namespace {
 
 constexpr unsigned kComputeDtypes = OSFTI_F32 | OSFTI_BF16;
-
-void check(osft_status_t status) {
-  throw_if_error(status);
-}
-
-Mat as_mat(const DLTensor *t) {
-  const osfti_matrix m = osfti_as_matrix(t);
-  return Mat{m.data, m.rows, m.cols, m.ld, m.dtype};
-}
-
-Vec as_vec(const DLTensor *t) {
-  return Vec{static_cast<char *>(t->data) + t->byte_offset, t->shape[0],
-             osfti_dtype_from_dl(t->dtype)};
-}
-
-/* Activations: (..., cols) with padded rows allowed. `like` (if given) fixes
- * the dtype and the leading dims. */
-Mat checked_rows(Context &ctx, const DLTensor *t, const char *name, int64_t cols,
-                 const DLTensor *like, const char *like_name) {
-  osfti_tensor_spec s{};
-  s.name = name;
-  s.dtypes = like != nullptr ? static_cast<unsigned>(osfti_dtype_from_dl(like->dtype))
-                             : kComputeDtypes;
-  s.min_rank = like != nullptr ? like->ndim : 1;
-  s.max_rank = like != nullptr ? like->ndim : OSFTI_MAX_RANK;
-  s.n_dims = 1;
-  s.dims[0] = cols;
-  s.layout = OSFTI_LAYOUT_ROWS;
-  check(osfti_check_tensor(&ctx, t, &s));
-  if (like != nullptr) {
-    check(osfti_check_same_dtype(like_name, like, name, t));
-    for (int d = 0; d + 1 < t->ndim; ++d)
-      if (t->shape[d] != like->shape[d])
-        raise(OSFT_STATUS_SHAPE_MISMATCH,
-              "%s: leading dim %d is %lld, but %s has %lld; they must match", name, d,
-              static_cast<long long>(t->shape[d]), like_name,
-              static_cast<long long>(like->shape[d]));
-  }
-  return as_mat(t);
-}
-
-/* A vector of n elements: fp32 or `alt` dtype. */
-void check_vector(Context &ctx, const DLTensor *t, const char *name, int64_t n,
-                  unsigned dtypes) {
-  osfti_tensor_spec s{};
-  s.name = name;
-  s.dtypes = dtypes;
-  s.min_rank = s.max_rank = s.n_dims = 1;
-  s.dims[0] = n;
-  s.layout = OSFTI_LAYOUT_CONTIGUOUS;
-  check(osfti_check_tensor(&ctx, t, &s));
-}
-
-void check_matrix(Context &ctx, const DLTensor *t, const char *name, int64_t rows,
-                  int64_t cols, unsigned dtypes) {
-  osfti_tensor_spec s{};
-  s.name = name;
-  s.dtypes = dtypes;
-  s.min_rank = s.max_rank = s.n_dims = 2;
-  s.dims[0] = rows;
-  s.dims[1] = cols;
-  s.layout = OSFTI_LAYOUT_ROWS;
-  check(osfti_check_tensor(&ctx, t, &s));
-}
 
 struct Named {
   const char *name;
@@ -90,12 +26,11 @@ void check_disjoint(const Layer &layer, const Named *outs, int n_out, const Name
   for (int o = 0; o < n_out; ++o) {
     if (outs[o].t == nullptr) continue;
     for (int i = 0; i < n_in; ++i)
-      check(osfti_check_no_overlap(ins[i].name, ins[i].t, outs[o].name, outs[o].t));
+      check_no_overlap(ins[i].name, ins[i].t, outs[o].name, outs[o].t);
     for (int f = 0; f < 6; ++f)
-      check(osfti_check_no_overlap(factor_names[f], &layer.factor[f].t, outs[o].name,
-                                   outs[o].t));
+      check_no_overlap(factor_names[f], &layer.factor[f].t, outs[o].name, outs[o].t);
     for (int p = 0; p < o; ++p)
-      check(osfti_check_no_overlap(outs[p].name, outs[p].t, outs[o].name, outs[o].t));
+      check_no_overlap(outs[p].name, outs[p].t, outs[o].name, outs[o].t);
   }
 }
 
@@ -370,7 +305,8 @@ void backward_dense(Layer &l, const Mat &x, const Mat &g, const GradViews &gr) {
    * rebuilt into scratch: dx is done with W before G is written. */
   DenseWeight d;
   if (gr.x != nullptr) d = plan_weight(l, x.dtype, plan);
-  const int g32 = want_low ? (d.w32 >= 0 ? d.w32 : plan.add_mat(l.n, l.kin, OSFTI_F32)) : -1;
+  const int g32 =
+      want_low ? (d.w32 >= 0 ? d.w32 : plan.add_mat(l.n, l.kin, OSFTI_F32)) : -1;
   const int u32 = want_low && widen ? plan.add_mat(l.n, l.l, OSFTI_F32) : -1;
   const int v32 = want_low && widen ? plan.add_mat(l.l, l.kin, OSFTI_F32) : -1;
   const int p = want_p ? plan.add_mat(l.l, l.kin, OSFTI_F32) : -1;
@@ -430,9 +366,9 @@ void build_dense(Layer &l, const Mat &w, const ScratchPlan &plan,
 
 void forward(Layer &l, const DLTensor *x, const DLTensor *bias, DLTensor *y) {
   Context &ctx = *l.ctx;
-  const Mat xm = checked_rows(ctx, x, "x", l.kin, nullptr, nullptr);
-  const Mat ym = checked_rows(ctx, y, "y", l.n, x, "x");
-  if (bias != nullptr) check_vector(ctx, bias, "bias", l.n, OSFTI_F32 | xm.dtype);
+  const Mat xm = checked_rows(ctx, x, "x", kComputeDtypes, l.kin);
+  const Mat ym = checked_rows(ctx, y, "y", kComputeDtypes, l.n, x, "x");
+  if (bias != nullptr) checked_vector(ctx, bias, "bias", OSFTI_F32 | xm.dtype, l.n);
   const Named outs[1] = {{"y", y}};
   const Named ins[2] = {{"x", x}, {"bias", bias}};
   check_disjoint(l, outs, 1, ins, 2);
@@ -450,8 +386,8 @@ void forward(Layer &l, const DLTensor *x, const DLTensor *bias, DLTensor *y) {
 void backward(Layer &l, const DLTensor *x, const DLTensor *grad_y,
               const osft_flinear_grads_t &grads) {
   Context &ctx = *l.ctx;
-  const Mat xm = checked_rows(ctx, x, "x", l.kin, nullptr, nullptr);
-  const Mat gm = checked_rows(ctx, grad_y, "grad_y", l.n, x, "x");
+  const Mat xm = checked_rows(ctx, x, "x", kComputeDtypes, l.kin);
+  const Mat gm = checked_rows(ctx, grad_y, "grad_y", kComputeDtypes, l.n, x, "x");
   const unsigned fdt = l.factor_dtype;
   GradViews gr;
   gr.x = grads.grad_x;
@@ -459,12 +395,13 @@ void backward(Layer &l, const DLTensor *x, const DLTensor *grad_y,
   gr.s = grads.grad_s_low;
   gr.v = grads.grad_v_low;
   gr.bias = grads.grad_bias;
-  if (gr.x != nullptr) checked_rows(ctx, gr.x, "grads->grad_x", l.kin, x, "x");
-  if (gr.u != nullptr) check_matrix(ctx, gr.u, "grads->grad_u_low", l.n, l.l, fdt);
-  if (gr.s != nullptr) check_vector(ctx, gr.s, "grads->grad_s_low", l.l, fdt);
-  if (gr.v != nullptr) check_matrix(ctx, gr.v, "grads->grad_v_low", l.l, l.kin, fdt);
+  if (gr.x != nullptr)
+    checked_rows(ctx, gr.x, "grads->grad_x", kComputeDtypes, l.kin, x, "x");
+  if (gr.u != nullptr) checked_matrix(ctx, gr.u, "grads->grad_u_low", fdt, l.n, l.l);
+  if (gr.s != nullptr) checked_vector(ctx, gr.s, "grads->grad_s_low", fdt, l.l);
+  if (gr.v != nullptr) checked_matrix(ctx, gr.v, "grads->grad_v_low", fdt, l.l, l.kin);
   if (gr.bias != nullptr)
-    check_vector(ctx, gr.bias, "grads->grad_bias", l.n, OSFTI_F32 | xm.dtype);
+    checked_vector(ctx, gr.bias, "grads->grad_bias", OSFTI_F32 | xm.dtype, l.n);
   const Named outs[5] = {{"grads->grad_x", gr.x},
                          {"grads->grad_u_low", gr.u},
                          {"grads->grad_s_low", gr.s},

@@ -6,7 +6,7 @@
 #include "core/handle.h"
 #include "core/options.h"
 #include "core/scratch.h"
-#include "core/tensor_check.h"
+#include "core/tensor_args.h"
 #include "ops/flinear.h"
 
 namespace osft {
@@ -19,40 +19,10 @@ constexpr osfti_dtype_t kFactorDtypes =
 const char *const kFactorNames[6] = {"u_high", "s_high", "v_high",
                                      "u_low",  "s_low",  "v_low"};
 
-void check(osft_status_t status) {
-  throw_if_error(status);
-}
-
-osfti_tensor_spec matrix_spec(const char *name, unsigned dtypes, int64_t rows,
-                              int64_t cols) {
-  osfti_tensor_spec s{};
-  s.name = name;
-  s.dtypes = dtypes;
-  s.min_rank = s.max_rank = s.n_dims = 2;
-  s.dims[0] = rows;
-  s.dims[1] = cols;
-  s.layout = OSFTI_LAYOUT_ROWS;
-  return s;
-}
-
-osfti_tensor_spec vector_spec(const char *name, unsigned dtypes, int64_t n) {
-  osfti_tensor_spec s{};
-  s.name = name;
-  s.dtypes = dtypes;
-  s.min_rank = s.max_rank = s.n_dims = 1;
-  s.dims[0] = n;
-  s.layout = OSFTI_LAYOUT_CONTIGUOUS;
-  return s;
-}
-
 /* A dense weight: fp32, fp64 or bf16, n x kin (OSFTI_ANY to learn them). */
 Mat checked_weight(Context &ctx, const DLTensor *w, const char *name, int64_t n,
                    int64_t kin) {
-  const osfti_tensor_spec spec =
-      matrix_spec(name, OSFTI_F32 | OSFTI_F64 | OSFTI_BF16, n, kin);
-  check(osfti_check_tensor(&ctx, w, &spec));
-  const osfti_matrix m = osfti_as_matrix(w);
-  return Mat{m.data, m.rows, m.cols, m.ld, m.dtype};
+  return checked_matrix(ctx, w, name, OSFTI_F32 | OSFTI_F64 | OSFTI_BF16, n, kin);
 }
 
 void require_finite(Context &ctx, const Mat &w, const char *name) {
@@ -161,30 +131,22 @@ void check_factors(Context &ctx, const osft_flinear_factors_t &f, Layer &layer) 
   for (int i = 0; i < 6; ++i)
     if (t[i] == nullptr)
       raise(OSFT_STATUS_INVALID_ARGUMENT, "factors->%s: NULL tensor", kFactorNames[i]);
-  const osfti_tensor_spec u_any =
-      matrix_spec("factors->u_high", kFactorDtypes, OSFTI_ANY, OSFTI_ANY);
-  check(osfti_check_tensor(&ctx, f.u_high, &u_any));
-  const osfti_tensor_spec ul_any =
-      matrix_spec("factors->u_low", kFactorDtypes, f.u_high->shape[0], OSFTI_ANY);
-  check(osfti_check_tensor(&ctx, f.u_low, &ul_any));
-  const osfti_tensor_spec v_any =
-      matrix_spec("factors->v_high", kFactorDtypes, f.u_high->shape[1], OSFTI_ANY);
-  check(osfti_check_tensor(&ctx, f.v_high, &v_any));
+  checked_matrix(ctx, f.u_high, "factors->u_high", kFactorDtypes, OSFTI_ANY, OSFTI_ANY);
+  checked_matrix(ctx, f.u_low, "factors->u_low", kFactorDtypes, f.u_high->shape[0],
+                 OSFTI_ANY);
+  checked_matrix(ctx, f.v_high, "factors->v_high", kFactorDtypes, f.u_high->shape[1],
+                 OSFTI_ANY);
   layer.n = f.u_high->shape[0];
   layer.r = f.u_high->shape[1];
   layer.l = f.u_low->shape[1];
   layer.kin = f.v_high->shape[1];
-  const osfti_tensor_spec rest[3] = {
-      vector_spec("factors->s_high", kFactorDtypes, layer.r),
-      vector_spec("factors->s_low", kFactorDtypes, layer.l),
-      matrix_spec("factors->v_low", kFactorDtypes, layer.l, layer.kin)};
-  check(osfti_check_tensor(&ctx, f.s_high, &rest[0]));
-  check(osfti_check_tensor(&ctx, f.s_low, &rest[1]));
-  check(osfti_check_tensor(&ctx, f.v_low, &rest[2]));
+  checked_vector(ctx, f.s_high, "factors->s_high", kFactorDtypes, layer.r);
+  checked_vector(ctx, f.s_low, "factors->s_low", kFactorDtypes, layer.l);
+  checked_matrix(ctx, f.v_low, "factors->v_low", kFactorDtypes, layer.l, layer.kin);
   for (int i = 1; i < 6; ++i) {
     char name[32];
     std::snprintf(name, sizeof name, "factors->%s", kFactorNames[i]);
-    check(osfti_check_same_dtype("factors->u_high", f.u_high, name, t[i]));
+    throw_if_error(osfti_check_same_dtype("factors->u_high", f.u_high, name, t[i]));
   }
   const int64_t k = std::min(layer.n, layer.kin);
   if (layer.r < 1 || layer.l < 1 || layer.r + layer.l > k)
@@ -196,20 +158,17 @@ void check_factors(Context &ctx, const osft_flinear_factors_t &f, Layer &layer) 
         static_cast<long long>(k));
   for (int i = 0; i < 6; ++i)
     for (int j = i + 1; j < 6; ++j)
-      check(osfti_check_no_overlap(kFactorNames[i], t[i], kFactorNames[j], t[j]));
+      check_no_overlap(kFactorNames[i], t[i], kFactorNames[j], t[j]);
   layer.factor_dtype = osfti_dtype_from_dl(f.u_high->dtype);
   for (int i = 0; i < 6; ++i) adopt_factor(layer, i, t[i]);
 }
 
 Mat factor_mat(const Layer &layer, int which) {
-  const osfti_matrix m = osfti_as_matrix(&layer.factor[which].t);
-  return Mat{m.data, m.rows, m.cols, m.ld, m.dtype};
+  return as_mat(&layer.factor[which].t);
 }
 
 Vec factor_vec(const Layer &layer, int which) {
-  const DLTensor &t = layer.factor[which].t;
-  return Vec{static_cast<char *>(t.data) + t.byte_offset, t.shape[0],
-             osfti_dtype_from_dl(t.dtype)};
+  return as_vec(&layer.factor[which].t);
 }
 
 /* Writes an SVD (u: n x k, s: k, vt: k x kin, any k >= r + l) into the
@@ -364,7 +323,7 @@ void merge(Layer &layer, const DLTensor *weight) {
   Context &ctx = *layer.ctx;
   const Mat w = checked_weight(ctx, weight, "weight", layer.n, layer.kin);
   for (int i = 0; i < 6; ++i)
-    check(osfti_check_no_overlap(kFactorNames[i], &layer.factor[i].t, "weight", weight));
+    check_no_overlap(kFactorNames[i], &layer.factor[i].t, "weight", weight);
   ScratchPlan plan;
   const DenseSlots slots = plan_dense(layer, plan);
   const int w32 = w.dtype == OSFTI_F32 ? -1 : plan.add_mat(layer.n, layer.kin, OSFTI_F32);
