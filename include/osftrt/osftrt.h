@@ -31,5 +31,6 @@
 #include "osftrt/tensor.h"
 #include "osftrt/context.h"
 #include "osftrt/flinear.h"
+#include "osftrt/mlp.h"
 
 #endif /* OSFTRT_OSFTRT_H */

@@ -24,6 +24,7 @@ const char *handle_kind_name(HandleKind kind) noexcept {
   switch (kind) {
     case HandleKind::context: return "context";
     case HandleKind::flinear: return "flinear layer";
+    case HandleKind::mlp: return "MLP";
   }
   return "handle";
 }

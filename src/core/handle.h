@@ -13,6 +13,7 @@ namespace osft {
 enum class HandleKind : uint32_t {
   context = 1,
   flinear = 2,
+  mlp = 3,
 };
 
 /* Human name of a kind for messages ("context"). */

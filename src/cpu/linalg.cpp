@@ -334,7 +334,7 @@ void cpu_svd(Context &ctx, const Mat &a, const Mat &u, const Vec &s, const Mat &
 const Backend &cpu_backend() noexcept {
   static const Backend table = {cpu_gemm,           cpu_scale_into, cpu_reduce,
                                 cpu_broadcast_rows, cpu_svd,        cpu_fill_zero,
-                                cpu_all_finite, cpu_fingerprint};
+                                cpu_all_finite,     cpu_fingerprint};
   return table;
 }
 

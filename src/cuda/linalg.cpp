@@ -278,7 +278,7 @@ void cuda_svd(Context &ctx, const Mat &a, const Mat &u, const Vec &s, const Mat 
 const Backend &cuda_backend() {
   static const Backend table = {cuda_gemm,           cuda_scale_into, cuda_reduce,
                                 cuda_broadcast_rows, cuda_svd,        cuda_fill_zero,
-                                cuda_all_finite, nullptr};
+                                cuda_all_finite,     nullptr};
   return table;
 }
 

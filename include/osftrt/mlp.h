@@ -1,0 +1,295 @@
+/*
+ * libosftrt — tiled MLP with exact fp32 gradient accumulation.
+ *
+ * The transformer MLP block, y = down(act(gate x) * up x) (gated) or
+ * y = down(act(up x)) (plain), computed over tiles of tokens so that the
+ * tokens x intermediate activations never exist for all tokens at once:
+ *
+ *   forward   tile by tile; nothing is kept after the call.
+ *   backward  per tile: recompute that tile's forward, back-propagate it.
+ *             grad_x rows come from their own tile only (exact); weight and
+ *             bias gradients are the plain SUM of the tiles' contributions
+ *             (never divided by the number of tiles: the loss normalization
+ *             already sits in grad_y), each tile counted once.
+ *
+ * Tiles are cut from the flattened tokens: x may have any leading dims
+ * (batch x sequence x hidden, ...), all flattened into M rows, so a batch of
+ * several sequences is tiled exactly like one long sequence. T tiles split M
+ * rows into T contiguous, near-equal tiles (sizes differ by at most one; with
+ * T > M the last T - M tiles are empty).
+ *
+ * Shapes (H = hidden, I = intermediate; W is out x in, as in torch.nn.Linear):
+ *   gate  I x H (gated variants only)    up  I x H    down  H x I
+ *   gate_bias, up_bias  I                down_bias  H          (all optional)
+ * Any of the three projections may instead be a factorized-linear (OSFT)
+ * layer (osftrt/flinear.h) with the same out x in shape: its factors are
+ * used (and their gradients computed) exactly as osft_flinear_forward /
+ * osft_flinear_backward would, tile by tile.
+ *
+ * Variants and their activations (fp32 math in every dtype):
+ *   silu(z)      = z * sigmoid(z)
+ *   gelu_tanh(z) = 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))
+ *                  (PyTorch gelu(approximate="tanh"); HF "gelu_pytorch_tanh")
+ *   gelu_erf(z)  = 0.5 z (1 + erf(z / sqrt(2)))
+ *                  (PyTorch's default nn.GELU(); HF "gelu")
+ *   relu(z)      = max(z, 0), with derivative 0 at z = 0 (as PyTorch).
+ *
+ * Precision. Activations x, y, grad_y, grad_x share the MLP's compute dtype
+ * (fp32 or bf16); dense weights have that dtype too; biases are fp32 or the
+ * compute dtype. GEMMs take operands in the compute dtype and accumulate in
+ * fp32. Per-tile intermediates are stored in the compute dtype. Gradients:
+ *   - weight and bias gradients are fp32 or bf16 (each its own choice). They
+ *     are accumulated over the tiles in fp32 by the GEMMs (and the bias
+ *     column sums) themselves (beta = 1): directly in the caller's tensor
+ *     when it is fp32, else in an fp32 scratch accumulator that is rounded
+ *     once, at the end, to bf16 (added to the existing values in fp32 first
+ *     when accumulating). With a single tile a bf16 gradient is written by
+ *     its GEMM directly (one rounding as well).
+ *   - a factorized projection's factor gradients have the factors' dtype.
+ *     For fp32 factors they accumulate in the caller's tensors; for bf16
+ *     factors and more than one tile, the layer's backward runs on fp32
+ *     copies of its factors into fp32 scratch gradients, rounded once at the
+ *     end (this costs (N + K + 1) * (r + l) * 4 bytes of fp32 factor copies
+ *     plus the fp32 gradients per such projection, per call).
+ *   - grad_x (compute dtype): for bf16 gated MLPs with dense gate and up
+ *     projections, the two contributions dz_gate W_gate + dz_up W_up are
+ *     summed in fp32 and rounded once; where gate or up is a factorized
+ *     layer, each projection's contribution is added to grad_x by that
+ *     layer's backward (bf16: rounded after each of the two).
+ *
+ * Memory. One tile of t tokens needs, in the compute dtype (e bytes),
+ *   backward  t * I * e * (3 gated, 2 plain; + 1 if down is factorized)
+ *             (+ t * H * 4 for the fp32 grad_x sum described above)
+ *   forward   t * I * e * (2 gated, 1 plain)
+ * plus, when accumulating bf16 gradients over several tiles, an fp32 copy of
+ * each (I * H * 4 bytes per weight). Dense-only MLPs take all of it from the
+ * context's workspace. An MLP with a factorized projection allocates it for
+ * the call (through the context's allocator, freed before the call returns),
+ * because the layer's own scratch (see osftrt/flinear.h) takes the context's
+ * workspace, which the call grows for it before writing anything. Nothing
+ * is kept between calls.
+ *
+ * Tiling: see osft_mlp_options_t and osft_mlp_get_tile_count(). Every call
+ * also takes `num_tiles`: 0 lets the MLP decide from its options; a positive
+ * value forces exactly that many tiles, e.g. the maximum over ranks of
+ * osft_mlp_get_tile_count(), when every data- or sequence-parallel rank must
+ * run the same number of tiles.
+ *
+ * Threading: an MLP belongs to its context; use it from one thread at a time
+ * (like the context). On CUDA, work is enqueued on the context's stream.
+ */
+#ifndef OSFTRT_MLP_H
+#define OSFTRT_MLP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "osftrt/context.h"
+#include "osftrt/export.h"
+#include "osftrt/flinear.h"
+#include "osftrt/status.h"
+#include "osftrt/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An opaque tiled MLP. */
+typedef struct osft_mlp_s *osft_mlp_t;
+
+/* The MLP's structure. Values are fixed forever (ABI.md). */
+typedef enum osft_mlp_variant_e {
+  OSFT_MLP_SWIGLU = 0,     /* down(silu(gate x) * up x): Llama, Mistral, Qwen */
+  OSFT_MLP_GEGLU_TANH = 1, /* down(gelu_tanh(gate x) * up x): Gemma */
+  OSFT_MLP_GEGLU_ERF = 2,  /* down(gelu_erf(gate x) * up x) */
+  OSFT_MLP_GELU_TANH = 3,  /* down(gelu_tanh(up x)): GPT-2 */
+  OSFT_MLP_GELU_ERF = 4,   /* down(gelu_erf(up x)): BERT, ViT */
+  OSFT_MLP_SILU = 5,       /* down(silu(up x)) */
+  OSFT_MLP_RELU = 6        /* down(relu(up x)): OPT, T5 */
+} osft_mlp_variant_t;
+
+/* How the tile size is chosen when a call passes num_tiles = 0. Values are
+ * fixed forever. */
+typedef enum osft_mlp_tiling_e {
+  /* Tiles of at most H (hidden) tokens, ALST's rule: one tile's
+   * intermediates are then about the size of a weight matrix or two. */
+  OSFT_MLP_TILING_AUTO = 0,
+  /* Tiles of at most opts->tile_tokens tokens. */
+  OSFT_MLP_TILING_TOKENS = 1,
+  /* The largest tiles whose backward intermediates (the per-token bytes in
+   * the header comment, with the fp32 grad_x sum where it applies) fit in
+   * opts->memory_budget bytes. */
+  OSFT_MLP_TILING_BUDGET = 2
+} osft_mlp_tiling_t;
+
+/*
+ * The projections. For each of gate (gated variants only), up and down give
+ * either a dense weight or a factorized layer, not both. Dense weights are
+ * borrowed: the MLP copies the DLTensor descriptors (pointers, shapes,
+ * strides) but not the data, which must stay valid at the same address until
+ * osft_mlp_destroy; values may change between calls (an optimizer updating
+ * them in place). Weights are row-major (compact or with padded rows), on
+ * the context's device, all of one dtype (fp32 or bf16). Biases are compact
+ * vectors, fp32 or the compute dtype, borrowed likewise. Layers must belong
+ * to the same context and outlive the MLP.
+ */
+typedef struct osft_mlp_weights_s {
+  size_t struct_size;   /* sizeof(osft_mlp_weights_t) as compiled */
+  const DLTensor *gate; /* I x H; NULL for plain variants or with gate_layer */
+  const DLTensor *up;   /* I x H */
+  const DLTensor *down; /* H x I */
+  osft_flinear_t gate_layer, up_layer, down_layer; /* instead of the above */
+  const DLTensor *gate_bias, *up_bias;             /* I, optional */
+  const DLTensor *down_bias;                       /* H, optional */
+} osft_mlp_weights_t;
+
+/* Fills *weights with NULLs for a struct of struct_size bytes. Errors:
+ * OSFT_STATUS_INVALID_ARGUMENT (NULL), OSFT_STATUS_INVALID_STRUCT_SIZE. */
+OSFT_API osft_status_t osft_mlp_weights_init(osft_mlp_weights_t *weights,
+                                             size_t struct_size);
+#define OSFT_MLP_WEIGHTS_INIT(w) osft_mlp_weights_init((w), sizeof(*(w)))
+
+/* Options for creating an MLP. Initialize with OSFT_MLP_OPTIONS_INIT. */
+typedef struct osft_mlp_options_s {
+  size_t struct_size; /* sizeof(osft_mlp_options_t) as compiled */
+  /* The tiling rule for calls with num_tiles = 0. Default AUTO. */
+  osft_mlp_tiling_t tiling;
+  /* With OSFT_MLP_TILING_TOKENS: tokens per tile, >= 1. Default 0 (unset). */
+  int64_t tile_tokens;
+  /* With OSFT_MLP_TILING_BUDGET: bytes for one tile's intermediates; must
+   * hold at least one token's. Default 0 (unset). */
+  size_t memory_budget;
+  /* The compute dtype (activations): kDLFloat/32 or kDLBfloat/16. bits == 0
+   * (the default) means the dense weights' dtype, or fp32 when every
+   * projection is a factorized layer. */
+  DLDataType dtype;
+} osft_mlp_options_t;
+
+/* Fills *opts with the defaults above for a struct of struct_size bytes.
+ * Errors: OSFT_STATUS_INVALID_ARGUMENT (NULL), OSFT_STATUS_INVALID_STRUCT_SIZE. */
+OSFT_API osft_status_t osft_mlp_options_init(osft_mlp_options_t *opts,
+                                             size_t struct_size);
+#define OSFT_MLP_OPTIONS_INIT(o) osft_mlp_options_init((o), sizeof(*(o)))
+
+/*
+ * Creates a tiled MLP of `variant` with hidden size `hidden` (H) and
+ * intermediate size `intermediate` (I) over `weights` (see
+ * osft_mlp_weights_t). `opts` may be NULL (defaults). The workspace limit of
+ * the context, if any, also caps the tile size: with num_tiles = 0, tiles are
+ * made small enough that one tile's intermediates (the per-token bytes above)
+ * fit in it. A factorized projection's own scratch must fit in it as well.
+ *
+ * Errors (nothing is created, *mlp untouched):
+ *   OSFT_STATUS_INVALID_HANDLE: ctx; a layer that is not a live flinear layer.
+ *   OSFT_STATUS_INVALID_ARGUMENT: weights or mlp NULL; unknown variant or
+ *     tiling; hidden or intermediate < 1; a projection with neither or both
+ *     of a weight and a layer; a gate (weight, layer or bias) for a plain
+ *     variant; a layer of another context; tile_tokens < 1 with TOKENS; a
+ *     memory_budget below one token's intermediates with BUDGET.
+ *   OSFT_STATUS_INVALID_STRUCT_SIZE: weights or opts.
+ *   OSFT_STATUS_SHAPE_MISMATCH: a weight, bias or layer of the wrong shape.
+ *   OSFT_STATUS_DTYPE_MISMATCH: a weight or bias of an unsupported dtype,
+ *     dense weights of different dtypes, or weights other than opts->dtype.
+ *   OSFT_STATUS_BAD_LAYOUT, OSFT_STATUS_DEVICE_MISMATCH: a weight or bias.
+ *   OSFT_STATUS_OUT_OF_MEMORY: the host allocator failed.
+ */
+OSFT_API osft_status_t osft_mlp_create(osft_context_t ctx, osft_mlp_variant_t variant,
+                                       int64_t hidden, int64_t intermediate,
+                                       const osft_mlp_weights_t *weights,
+                                       const osft_mlp_options_t *opts, osft_mlp_t *mlp);
+
+/* Destroys an MLP (not the weights or layers it uses). NULL is accepted.
+ * Errors: OSFT_STATUS_INVALID_HANDLE. */
+OSFT_API osft_status_t osft_mlp_destroy(osft_mlp_t mlp);
+
+/*
+ * The number of tiles a call over `tokens` rows (M, the product of x's
+ * leading dims) makes with num_tiles = 0: ceil(M / t) for the tile size t of
+ * the MLP's tiling rule (capped by the context's workspace limit), 0 for
+ * M = 0. Writes it to *num_tiles and, if tile_tokens is not NULL, the
+ * largest number of tokens in one tile to *tile_tokens. Forward and backward
+ * use the same rule, so one query serves both; ranks that must agree pass
+ * the maximum of their counts as num_tiles. Errors:
+ * OSFT_STATUS_INVALID_HANDLE, OSFT_STATUS_INVALID_ARGUMENT (num_tiles NULL,
+ * tokens < 0).
+ */
+OSFT_API osft_status_t osft_mlp_get_tile_count(osft_mlp_t mlp, int64_t tokens,
+                                               int64_t *num_tiles, int64_t *tile_tokens);
+
+/*
+ * Forward: y = MLP(x).
+ *   x          (..., H)  the compute dtype; any leading dims (flattened to M
+ *                        rows); rows may be padded.
+ *   y          (..., H)  same dtype and leading dims; rows may be padded;
+ *                        must not overlap x, a weight, a bias or a factor.
+ *                        Overwritten.
+ *   num_tiles  0: the MLP's rule; >= 1: exactly that many tiles.
+ * Errors: OSFT_STATUS_INVALID_HANDLE (mlp, or one of its layers destroyed),
+ * OSFT_STATUS_INVALID_ARGUMENT (NULL tensor, num_tiles < 0),
+ * OSFT_STATUS_DTYPE_MISMATCH, OSFT_STATUS_SHAPE_MISMATCH,
+ * OSFT_STATUS_BAD_LAYOUT, OSFT_STATUS_DEVICE_MISMATCH, OSFT_STATUS_ALIASING,
+ * OSFT_STATUS_OUT_OF_MEMORY (the workspace or the call's buffers; also when a
+ * factorized projection's own scratch for the tile size would exceed the
+ * context's workspace_limit: use more tiles), OSFT_STATUS_BACKEND_ERROR.
+ * Nothing is written on failure (a backend error, e.g. a CUDA fault, may
+ * leave y partly written).
+ */
+OSFT_API osft_status_t osft_mlp_forward(osft_mlp_t mlp, const DLTensor *x, DLTensor *y,
+                                        int64_t num_tiles);
+
+/* Gradient outputs of the backward; a NULL tensor is not computed. */
+typedef struct osft_mlp_grads_s {
+  size_t struct_size; /* sizeof(osft_mlp_grads_t) as compiled */
+  DLTensor *grad_x;   /* (..., H), x's dtype and leading dims, rows may be padded */
+  /* Dense weights' gradients, the weights' shapes, fp32 or bf16, compact or
+   * with padded rows. Must be NULL for a projection that is a layer. */
+  DLTensor *grad_gate, *grad_up, *grad_down;
+  /* Bias gradients (I, I, H; fp32 or bf16), for any projection (a layer's
+   * bias is the MLP's, not the layer's). */
+  DLTensor *grad_gate_bias, *grad_up_bias, *grad_down_bias;
+  /* The factor gradients of projections that are layers (NULL: none): only
+   * grad_u_low, grad_s_low, grad_v_low and their accumulate bits are used;
+   * grad_x and grad_bias must be NULL. Must be NULL for a dense projection. */
+  const osft_flinear_grads_t *gate_factors, *up_factors, *down_factors;
+  /* OR of OSFT_MLP_ACCUMULATE_*: add into the existing values (e.g. over
+   * micro-batches) instead of overwriting. Default 0. */
+  uint32_t accumulate;
+} osft_mlp_grads_t;
+
+#define OSFT_MLP_ACCUMULATE_GRAD_X (1u << 0)
+#define OSFT_MLP_ACCUMULATE_GRAD_GATE (1u << 1)
+#define OSFT_MLP_ACCUMULATE_GRAD_UP (1u << 2)
+#define OSFT_MLP_ACCUMULATE_GRAD_DOWN (1u << 3)
+#define OSFT_MLP_ACCUMULATE_GRAD_GATE_BIAS (1u << 4)
+#define OSFT_MLP_ACCUMULATE_GRAD_UP_BIAS (1u << 5)
+#define OSFT_MLP_ACCUMULATE_GRAD_DOWN_BIAS (1u << 6)
+#define OSFT_MLP_ACCUMULATE_ALL (0x7fu)
+
+/* Fills *grads with NULLs and accumulate = 0 for a struct of struct_size
+ * bytes. Errors: OSFT_STATUS_INVALID_ARGUMENT, OSFT_STATUS_INVALID_STRUCT_SIZE. */
+OSFT_API osft_status_t osft_mlp_grads_init(osft_mlp_grads_t *grads, size_t struct_size);
+#define OSFT_MLP_GRADS_INIT(g) osft_mlp_grads_init((g), sizeof(*(g)))
+
+/*
+ * Backward for one forward: x as given to the forward, grad_y = dL/dy with
+ * y's shape and dtype. Recomputes each tile's forward, then writes (or, per
+ * grads->accumulate and the factor structs' own accumulate bits, adds into)
+ * every gradient that is not NULL. With M = 0 tokens, overwritten weight and
+ * bias gradients become zero. Outputs must not overlap the inputs, the
+ * weights, biases or factors, or each other.
+ * Errors: as for the forward, plus OSFT_STATUS_INVALID_ARGUMENT (grads NULL,
+ * unknown accumulate bits, a dense gradient for a layer or factor gradients
+ * for a dense projection, grad_x or grad_bias set in a factor struct) and
+ * OSFT_STATUS_INVALID_STRUCT_SIZE (grads or a factor struct). Nothing is
+ * written on failure (a backend error may leave outputs partly written).
+ */
+OSFT_API osft_status_t osft_mlp_backward(osft_mlp_t mlp, const DLTensor *x,
+                                         const DLTensor *grad_y,
+                                         const osft_mlp_grads_t *grads,
+                                         int64_t num_tiles);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OSFTRT_MLP_H */

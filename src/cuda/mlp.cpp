@@ -1,0 +1,35 @@
+/* The CUDA MLP kernels of src/core/mlp_backend.h: the launchers of
+ * src/cuda/mlp_kernels.cu on the context's device and stream. */
+#include "core/mlp_backend.h"
+#include "cuda/device_guard.h"
+#include "cuda/mlp_kernels.cuh"
+
+namespace osft {
+namespace {
+
+using mlp::Activation;
+
+cudaStream_t stream_of(const Context &ctx) noexcept {
+  return static_cast<cudaStream_t>(ctx.stream);
+}
+
+void cuda_activate(Context &ctx, Activation act, const Mat *g, const Mat &u,
+                   const Mat &h) {
+  cuda::DeviceGuard guard(ctx.device_id);
+  cuda::launch_mlp_activate(stream_of(ctx), act, g, u, h);
+}
+
+void cuda_activate_backward(Context &ctx, Activation act, const Mat *g, const Mat &u,
+                            const Mat &dh, const Mat *h, const Mat *dg, const Mat &du) {
+  cuda::DeviceGuard guard(ctx.device_id);
+  cuda::launch_mlp_activate_backward(stream_of(ctx), act, g, u, dh, h, dg, du);
+}
+
+}  // namespace
+
+const MlpKernels &cuda_mlp_kernels() {
+  static const MlpKernels table = {cuda_activate, cuda_activate_backward};
+  return table;
+}
+
+}  // namespace osft
