@@ -32,5 +32,7 @@
 #include "osftrt/context.h"
 #include "osftrt/flinear.h"
 #include "osftrt/mlp.h"
+#include "osftrt/comm.h"
+#include "osftrt/projection.h"
 
 #endif /* OSFTRT_OSFTRT_H */

@@ -25,6 +25,8 @@ const char *handle_kind_name(HandleKind kind) noexcept {
     case HandleKind::context: return "context";
     case HandleKind::flinear: return "flinear layer";
     case HandleKind::mlp: return "MLP";
+    case HandleKind::comm: return "communicator";
+    case HandleKind::projector: return "projector";
   }
   return "handle";
 }

@@ -14,6 +14,8 @@ enum class HandleKind : uint32_t {
   context = 1,
   flinear = 2,
   mlp = 3,
+  comm = 4,
+  projector = 5,
 };
 
 /* Human name of a kind for messages ("context"). */

@@ -1,0 +1,222 @@
+/* OSFT projection: the batched projection of gradients or parameters and
+ * the orthogonality query. Per call: every U_ROWS / V_COLS part's GEMM
+ * writes its fixed slice of the coefficient buffer, ONE all-reduce sums
+ * the buffer, then every part is updated (local parts compute their
+ * coefficients in scratch). Nothing the caller owns is written before the
+ * collective has succeeded. */
+#include <cmath>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/scratch.h"
+#include "ops/projection.h"
+
+namespace osft {
+namespace {
+
+/* One part as a call sees it: high (this rank's), full (the V_high to
+ * project against: the gathered one for V_ROWS), x (what is projected). */
+struct View {
+  bool u = false;
+  Mat full, x;
+  float *coef = nullptr; /* reduced parts: the slice; else NULL (scratch) */
+};
+
+struct Scratch {
+  ScratchPlan plan;
+  int w32 = -1; /* full widened to fp32 */
+  int x32 = -1; /* x widened to fp32 (fp32 full with bf16 x) */
+  int loc = -1; /* coefficients of a local part */
+};
+
+Mat full_of(const Projector &p, const Part &part) {
+  if (part.layout != OSFT_SHARD_V_ROWS || ranks(p) == 1) return part.high.m;
+  return Mat{static_cast<char *>(p.cache) + part.cache, part.r, part.dim, part.dim,
+             part.high.m.dtype};
+}
+
+/* The parts a call works on. need_all: every present part must have the
+ * operand (the orthogonality query), else parts without it are skipped. */
+ContextVector<View> collect(Projector &p, Operands which, bool need_all) {
+  ContextVector<View> views{ContextAllocator<View>(p.ctx)};
+  for (size_t i = 0; i < p.targets.size(); ++i) {
+    Target &t = p.targets[i];
+    if (t.layer != nullptr) refresh_layer_target(p, t, static_cast<int64_t>(i));
+    for (const Part *part : {&t.u, &t.v}) {
+      if (!part->present) continue;
+      const bool u = part == &t.u;
+      const Operand &x = which == Operands::grads ? part->grad : part->low;
+      if (!x.set) {
+        if (need_all)
+          raise(OSFT_STATUS_INVALID_ARGUMENT,
+                "target %zu: no %s registered; the orthogonality query needs the "
+                "trainable factor of every part",
+                i, u ? "u_low" : "v_low");
+        continue;
+      }
+      View v;
+      v.u = u;
+      v.full = full_of(p, *part);
+      v.x = x.m;
+      if (part->reduced()) v.coef = p.coef + part->coef;
+      views.push_back(v);
+    }
+  }
+  return views;
+}
+
+/* The coefficient block of a view: C_U (r x l) or C_V (l x r). */
+Mat coef_mat(const View &v, float *data) {
+  if (v.u) return Mat{data, v.full.cols, v.x.cols, v.x.cols, OSFTI_F32};
+  return Mat{data, v.x.rows, v.full.rows, v.full.rows, OSFTI_F32};
+}
+
+int64_t elems(const Mat &m) {
+  return m.rows * m.cols;
+}
+
+Scratch plan_scratch(const ContextVector<View> &views) {
+  int64_t w = 0, x = 0, loc = 0;
+  for (const View &v : views) {
+    if (v.full.dtype != OSFTI_F32) w = std::max(w, elems(v.full));
+    if (v.full.dtype == OSFTI_F32 && v.x.dtype != OSFTI_F32) x = std::max(x, elems(v.x));
+    if (v.coef == nullptr) loc = std::max(loc, elems(coef_mat(v, nullptr)));
+  }
+  Scratch s;
+  s.w32 = s.plan.add_mat(1, w, OSFTI_F32);
+  s.x32 = s.plan.add_mat(1, x, OSFTI_F32);
+  s.loc = s.plan.add_mat(1, loc, OSFTI_F32);
+  return s;
+}
+
+Mat widen(Context &ctx, const Mat &m, const Mat &slot) {
+  const Mat dst{slot.data, m.rows, m.cols, m.cols, OSFTI_F32};
+  backend(ctx).scale_into(ctx, Axis::cols, m, nullptr, 0.0f, dst);
+  return dst;
+}
+
+/* C = full^T x (U) or x full^T (V); GEMM operands share a dtype, so the
+ * bf16 one of a mixed pair is widened. Accumulated in fp32. */
+void coefficients(Context &ctx, const View &v, const Mat &c, const Scratch &s) {
+  Mat f = v.full, x = v.x;
+  if (f.dtype != x.dtype) {
+    if (f.dtype != OSFTI_F32)
+      f = widen(ctx, f, s.plan.mat(s.w32));
+    else
+      x = widen(ctx, x, s.plan.mat(s.x32));
+  }
+  if (v.u)
+    backend(ctx).gemm(ctx, Op::T, f, Op::N, x, 1.0f, 0.0f, c);
+  else
+    backend(ctx).gemm(ctx, Op::N, x, Op::T, f, 1.0f, 0.0f, c);
+}
+
+/* x -= full C (U) or C full (V), in fp32 (full widened if bf16), rounded
+ * once into x's dtype. */
+void update(Context &ctx, const View &v, const Mat &c, const Scratch &s) {
+  const Mat f =
+      v.full.dtype == OSFTI_F32 ? v.full : widen(ctx, v.full, s.plan.mat(s.w32));
+  if (v.u)
+    backend(ctx).gemm(ctx, Op::N, f, Op::N, c, -1.0f, 1.0f, v.x);
+  else
+    backend(ctx).gemm(ctx, Op::N, c, Op::N, f, -1.0f, 1.0f, v.x);
+}
+
+/* max |m| of a compact fp32 matrix in the context's memory; NaN wins. */
+double max_abs(Context &ctx, const Mat &m) {
+  const size_t n = static_cast<size_t>(elems(m));
+  HostMemory host(ctx, on_cuda(ctx) ? n * sizeof(float) : 0, "orthogonality");
+  const float *h = static_cast<const float *>(m.data);
+  if (on_cuda(ctx)) {
+    copy_to_host(ctx, host.get(), m.data, n * sizeof(float));
+    h = host.get<float>();
+  }
+  double best = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double a = std::fabs(static_cast<double>(h[i]));
+    if (!(a <= best)) best = a;
+  }
+  return best;
+}
+
+void keep_max(double *best, double v) {
+  if (!(v <= *best)) *best = v;
+}
+
+}  // namespace
+
+void project(Projector &p, Operands which) {
+  Context &ctx = *p.ctx;
+  prepare(p);
+  const ContextVector<View> views = collect(p, which, false);
+  Scratch s = plan_scratch(views);
+  s.plan.allocate(ctx);
+  for (const View &v : views)
+    if (v.coef != nullptr) coefficients(ctx, v, coef_mat(v, v.coef), s);
+  /* Decided by the registration alone, so every rank launches it. */
+  if (p.comm != nullptr && p.reduced > 0)
+    comm_allreduce_sum(*p.comm, p.coef, static_cast<size_t>(p.reduced), OSFTI_F32);
+  const Mat loc = s.plan.mat(s.loc);
+  for (const View &v : views) {
+    if (v.coef != nullptr) continue;
+    const Mat c = coef_mat(v, static_cast<float *>(loc.data));
+    coefficients(ctx, v, c, s);
+    update(ctx, v, c, s);
+  }
+  for (const View &v : views)
+    if (v.coef != nullptr) update(ctx, v, coef_mat(v, v.coef), s);
+  log_message(OSFT_LOG_DEBUG,
+              "projector %p: projected %zu %s parts, %lld coefficients "
+              "all-reduced",
+              static_cast<void *>(&p), views.size(),
+              which == Operands::grads ? "gradient" : "parameter",
+              static_cast<long long>(p.comm != nullptr ? p.reduced : 0));
+}
+
+void orthogonality(Projector &p, double *max_u, double *max_v) {
+  Context &ctx = *p.ctx;
+  prepare(p);
+  const ContextVector<View> views = collect(p, Operands::params, true);
+  Scratch s = plan_scratch(views);
+  s.plan.allocate(ctx);
+  const int P = ranks(p), me = my_rank(p);
+  const size_t total = static_cast<size_t>(p.reduced) + 2 * static_cast<size_t>(P);
+  /* Each rank's maximum over its local parts goes to its own slot (the
+   * others stay 0), so the sum all-reduce delivers every rank's maximum. */
+  HostMemory host(ctx, total * sizeof(float), "orthogonality");
+  float *h = host.get<float>();
+  for (size_t i = 0; i < total; ++i) h[i] = 0.0f;
+  const Mat loc = s.plan.mat(s.loc);
+  double local[2] = {0.0, 0.0};
+  for (const View &v : views) {
+    if (v.coef != nullptr) {
+      coefficients(ctx, v, coef_mat(v, v.coef), s);
+      continue;
+    }
+    const Mat c = coef_mat(v, static_cast<float *>(loc.data));
+    coefficients(ctx, v, c, s);
+    keep_max(&local[v.u ? 0 : 1], max_abs(ctx, c));
+  }
+  float *slots = h + p.reduced;
+  slots[me] = static_cast<float>(local[0]);
+  slots[P + me] = static_cast<float>(local[1]);
+  copy_from_host(ctx, p.coef + p.reduced, slots, 2 * P * sizeof(float));
+  if (p.comm != nullptr) comm_allreduce_sum(*p.comm, p.coef, total, OSFTI_F32);
+  copy_to_host(ctx, h, p.coef, total * sizeof(float));
+  double best[2] = {0.0, 0.0};
+  for (int q = 0; q < P; ++q) {
+    keep_max(&best[0], slots[q]);
+    keep_max(&best[1], slots[P + q]);
+  }
+  for (const View &v : views) {
+    if (v.coef == nullptr) continue;
+    const Mat c = coef_mat(v, h + (v.coef - p.coef));
+    for (int64_t i = 0; i < elems(c); ++i)
+      keep_max(&best[v.u ? 0 : 1],
+               std::fabs(static_cast<double>(h[v.coef - p.coef + i])));
+  }
+  if (max_u != nullptr) *max_u = best[0];
+  if (max_v != nullptr) *max_v = best[1];
+}
+
+}  // namespace osft
