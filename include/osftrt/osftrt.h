@@ -34,5 +34,6 @@
 #include "osftrt/mlp.h"
 #include "osftrt/comm.h"
 #include "osftrt/projection.h"
+#include "osftrt/qr.h"
 
 #endif /* OSFTRT_OSFTRT_H */

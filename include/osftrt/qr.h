@@ -1,0 +1,222 @@
+/*
+ * libosftrt — batched QR factorization, for optimizers that keep
+ * orthonormal eigenbases (SOAP, Shampoo): one call factors a whole list of
+ * matrices of mixed shapes, and a fused call runs the power-iteration step
+ * Q_i <- qr(A_i Q_i) for a list of pairs.
+ *
+ * For each m x n matrix A (m >= n) the thin QR factorization A = Q R gives
+ * Q (m x n, orthonormal columns) and R (n x n, upper triangular) with the
+ * sign convention diag(R) >= 0. For a matrix of full rank this makes Q and
+ * R unique, so the CPU and CUDA backends (and both methods below) agree up
+ * to rounding.
+ *
+ * Methods (osft_qr_method_t):
+ *   OSFT_QR_HOUSEHOLDER   blocked Householder (LAPACK geqrfp + orgqr on
+ *     the CPU, cuSOLVER geqrf + orgqr on CUDA; on CUDA, matrices small
+ *     enough to sit in one block's shared memory are factored together by
+ *     one batched kernel).
+ *     Backward stable at any condition number. The default.
+ *   OSFT_QR_CHOLESKY_QR2  CholeskyQR applied twice (Gram matrix, Cholesky,
+ *     triangular solve; all level-3 BLAS; for square matrices about twice
+ *     Householder's flops). Meant for GPUs, where such kernels run far
+ *     closer to peak than a Householder panel; on a 2-core CPU it measured
+ *     slower than Householder. The first pass squares the condition
+ *     number: it fails outright from kappa(A) ~ 1/sqrt(eps) (about 4e3 in
+ *     fp32, 7e7 in fp64) and loses orthogonality before that. Each matrix
+ *     is checked: if a Cholesky factorization fails, or the first pass's
+ *     loss of orthogonality ||Q1^T Q1 - I||_F exceeds
+ *     opts->orthogonality_threshold, that matrix alone is redone with
+ *     Householder (logged at OSFT_LOG_DEBUG). The result then meets the
+ *     same accuracy as Householder. Small matrices on CUDA always use the
+ *     batched Householder kernel, which is faster for them.
+ *
+ * Execution: matrices are grouped by dtype and shape and spread over
+ * several workers (opts->max_concurrency): threads on the CPU, CUDA
+ * streams (each with its own cuBLAS and cuSOLVER handle) on a GPU. The
+ * result for a matrix does not depend on the other matrices of the list,
+ * on their order, or on how many workers ran (except that with one worker
+ * on the CPU, OpenBLAS may itself use several threads, which can change
+ * the last bits).
+ *
+ * Per-matrix failures. A matrix that contains NaN or Inf, that is
+ * rank-deficient to the tolerance opts->rank_tolerance, or whose result
+ * overflows, is a failure of that matrix only: its outputs (Q, R; for an
+ * in-place call, its A) are left exactly as they were, the others are
+ * computed as if it were not in the list, its entry of per_matrix_status
+ * is OSFT_STATUS_NUMERICAL_ERROR, and the call returns
+ * OSFT_STATUS_NUMERICAL_ERROR with a message naming the first failed
+ * index and its reason ("a[3]: contains NaN or Inf") and how many failed
+ * (each failure and its reason is also logged at OSFT_LOG_DEBUG).
+ * This is the one case where a failing call has written outputs: those of
+ * the matrices that succeeded. Every other error (a malformed list, bad
+ * options, out of memory) is detected before anything is written.
+ *
+ * Threading and streams. Like every operation, a call uses its context
+ * from one thread at a time. On the CPU the call runs its workers on
+ * threads of its own and, while they run, sets OpenBLAS's (process-wide)
+ * thread count to 1 so that they do not oversubscribe the cores; the count
+ * is restored when the last concurrent QR call on any context returns.
+ * Other OpenBLAS work that runs in the process meanwhile runs on one
+ * thread. After a multithreaded BLAS call, OpenBLAS's idle threads
+ * busy-wait for a while (2^28 cycles, ~0.1 s, unless the environment sets
+ * OPENBLAS_THREAD_TIMEOUT) and compete with the workers for the cores: on
+ * two cores that made a call right after a large GEMM up to ~1.4x slower;
+ * OPENBLAS_THREAD_TIMEOUT=4 avoids it.
+ *
+ * On CUDA the workers' streams wait for the context's stream on entry and
+ * the context's stream waits for them on exit; the call then waits for the
+ * device (it must, to report per-matrix results), so the outputs are ready
+ * when it returns, and it cannot be captured into a CUDA graph. The worker
+ * streams and their library handles are created on first use, kept per
+ * device for the life of the process, and shared by all contexts of that
+ * device (never by two calls at once).
+ *
+ * Memory: scratch comes from the context's workspace, sized by the
+ * largest matrices and the number of workers. With a workspace_limit the
+ * call uses fewer workers to fit, and fails with OSFT_STATUS_OUT_OF_MEMORY
+ * only if one worker does not fit.
+ */
+#ifndef OSFTRT_QR_H
+#define OSFTRT_QR_H
+
+#include <stddef.h>
+
+#include "osftrt/context.h"
+#include "osftrt/export.h"
+#include "osftrt/status.h"
+#include "osftrt/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* How each matrix is factored. Values are fixed forever (ABI.md). */
+typedef enum osft_qr_method_e {
+  OSFT_QR_HOUSEHOLDER = 0, /* blocked Householder: stable, the default */
+  OSFT_QR_CHOLESKY_QR2 = 1 /* CholeskyQR2, checked, Householder fall-back */
+} osft_qr_method_t;
+
+/* Options of osft_qr_batch() and osft_qr_power_iteration(). Initialize
+ * with OSFT_QR_OPTIONS_INIT(&o); every default is 0. */
+typedef struct osft_qr_options_s {
+  size_t struct_size; /* sizeof(osft_qr_options_t) as compiled */
+  /* Default OSFT_QR_HOUSEHOLDER. */
+  osft_qr_method_t method;
+  /* OSFT_QR_CHOLESKY_QR2 only: the largest loss of orthogonality of the
+   * first pass, ||Q1^T Q1 - I||_F (Frobenius norm; Q1 = A R1^-1), that is
+   * still accepted. It is read from the second pass's Gram matrix at no
+   * extra cost. Below 1 it bounds kappa(Q1)^2 <= (1 + t) / (1 - t), and the
+   * second pass then restores orthogonality to the level of Householder
+   * (Yamamoto et al., 2015). Must be >= 0; 0 means the default 0.5. */
+  double orthogonality_threshold;
+  /* A matrix is reported rank-deficient (a per-matrix
+   * OSFT_STATUS_NUMERICAL_ERROR, nothing of it written) when
+   * min_j |R_jj| <= rank_tolerance * max_j |R_jj|; an all-zero matrix
+   * always is. 0 means the default max(m, n) * eps of the dtype (eps =
+   * 2^-23 for fp32, 2^-52 for fp64): rank-deficient to working precision.
+   * A negative value turns the check off: every finite matrix then gets an
+   * orthonormal Q with Q R = A, whose columns beyond the rank are not
+   * unique (e.g. for power iteration on a singular preconditioner). */
+  double rank_tolerance;
+  /* The most workers (CPU threads, CUDA streams) one call uses; never more
+   * than the number of matrices. 0 means the default: on the CPU the
+   * number of threads OpenBLAS is configured for (OPENBLAS_NUM_THREADS, or
+   * the cores), on CUDA 8. 1 runs the matrices one after another (on the
+   * CPU with OpenBLAS's own threading). Must be >= 0. */
+  int max_concurrency;
+} osft_qr_options_t;
+
+/* Fills *opts with the defaults (all 0: Householder, default thresholds,
+ * default concurrency) for a struct of struct_size bytes. Errors:
+ * OSFT_STATUS_INVALID_ARGUMENT (opts NULL), OSFT_STATUS_INVALID_STRUCT_SIZE.
+ * On error nothing is written. */
+OSFT_API osft_status_t osft_qr_options_init(osft_qr_options_t *opts, size_t struct_size);
+#define OSFT_QR_OPTIONS_INIT(o) osft_qr_options_init((o), sizeof(*(o)))
+
+/*
+ * QR factorizations of `count` matrices: A_i = Q_i R_i for i < count.
+ *
+ *   opts     options; NULL for the defaults. Read during the call only.
+ *   count    number of matrices; 0 does nothing and succeeds (the arrays
+ *            may then be NULL).
+ *   a        array of `count` tensors A_i: 2-D m_i x n_i with m_i >= n_i,
+ *            fp32 or fp64 (each its own), row-major with unit column stride
+ *            and a row stride >= n_i (padded rows allowed), on the
+ *            context's device. Shapes and dtypes may differ between
+ *            entries. Read only, unless the call is in place.
+ *   q        array of `count` output tensors Q_i (m_i x n_i, A_i's dtype,
+ *            same layout rules), or NULL to write each Q_i over its A_i
+ *            (in place). An entry that describes exactly A_i's memory
+ *            (same address, shape and row stride) is also in place. An
+ *            entry must not be NULL.
+ *   r        NULL (no R wanted), or an array of `count` entries, each NULL
+ *            (no R for that matrix) or an n_i x n_i tensor of A_i's dtype
+ *            (padded rows allowed) that receives R_i: the upper triangle,
+ *            with zeros below the diagonal.
+ *   per_matrix_status  NULL, or an array of `count` statuses: written once
+ *            the list has been validated and the factorizations have run,
+ *            each OSFT_STATUS_SUCCESS or OSFT_STATUS_NUMERICAL_ERROR.
+ *
+ * Outputs must not overlap any input or other output (except a Q_i that is
+ * exactly its own A_i); inputs may overlap each other. Matrices with
+ * n_i == 0 are accepted and need nothing. Units: elements.
+ *
+ * Returns OSFT_STATUS_SUCCESS when every matrix was factored, or
+ * OSFT_STATUS_NUMERICAL_ERROR when one or more failed (see "Per-matrix
+ * failures" above; the others are written). Errors detected before
+ * anything is written (per_matrix_status included):
+ *   OSFT_STATUS_INVALID_HANDLE (ctx),
+ *   OSFT_STATUS_INVALID_ARGUMENT (a NULL array or entry with count > 0, a
+ *     NULL q entry, an unknown method, a negative or NaN threshold, a
+ *     negative max_concurrency, a NaN rank_tolerance),
+ *   OSFT_STATUS_INVALID_STRUCT_SIZE (opts),
+ *   OSFT_STATUS_DTYPE_MISMATCH (not fp32/fp64, or q/r unlike a),
+ *   OSFT_STATUS_SHAPE_MISMATCH (not 2-D, m < n, q or r of another shape),
+ *   OSFT_STATUS_BAD_LAYOUT, OSFT_STATUS_DEVICE_MISMATCH (an entry not on
+ *     the context's device), OSFT_STATUS_ALIASING,
+ *   OSFT_STATUS_NOT_SUPPORTED (a dimension above 2^31 - 1),
+ *   OSFT_STATUS_OUT_OF_MEMORY (workspace),
+ *   OSFT_STATUS_BACKEND_ERROR (a CUDA library failed; on the device, work
+ *     already enqueued may have written some outputs).
+ * Every message names the offending entry, e.g. "q[7]: shape [64, 32],
+ * expected [64, 48]" or "q[1] and a[2] share memory; they must not overlap".
+ */
+OSFT_API osft_status_t osft_qr_batch(osft_context_t ctx, const osft_qr_options_t *opts,
+                                     size_t count, const DLTensor *const *a,
+                                     DLTensor *const *q, DLTensor *const *r,
+                                     osft_status_t *per_matrix_status);
+
+/*
+ * Power iteration on `count` pairs: `iterations` times, Q_i <- qr(A_i Q_i)
+ * (the Q factor, diag(R) >= 0), as a refresh of SOAP/Shampoo eigenbases
+ * from their preconditioner factors does.
+ *
+ *   a     array of `count` square m_i x m_i tensors A_i (fp32 or fp64;
+ *         padded rows allowed), read only.
+ *   q     array of `count` m_i x n_i tensors Q_i (n_i <= m_i, A_i's dtype;
+ *         padded rows allowed): the starting Q, overwritten with the result.
+ *   iterations  >= 1.
+ *   per_matrix_status  as for osft_qr_batch().
+ *
+ * Equal, up to rounding of the product, to `iterations` calls of
+ * osft_qr_batch() on the products A_i Q_i, but the products stay in
+ * scratch memory. A pair fails (per-matrix OSFT_STATUS_NUMERICAL_ERROR,
+ * its Q_i unchanged) if A_i or Q_i contains NaN or Inf, or if a product is
+ * rank-deficient (see rank_tolerance) or overflows at any iteration. Q_i
+ * must not overlap any A_j or other Q_j.
+ *
+ * Errors: as for osft_qr_batch(), plus OSFT_STATUS_INVALID_ARGUMENT for
+ * iterations < 1 and OSFT_STATUS_SHAPE_MISMATCH for an A_i that is not
+ * square or a Q_i whose rows differ from A_i's.
+ */
+OSFT_API osft_status_t osft_qr_power_iteration(osft_context_t ctx,
+                                               const osft_qr_options_t *opts,
+                                               size_t count, const DLTensor *const *a,
+                                               DLTensor *const *q, int iterations,
+                                               osft_status_t *per_matrix_status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OSFTRT_QR_H */
