@@ -30,6 +30,7 @@
 #include "osftrt/log.h"
 #include "osftrt/tensor.h"
 #include "osftrt/context.h"
+#include "osftrt/flce.h"
 #include "osftrt/flinear.h"
 #include "osftrt/mlp.h"
 #include "osftrt/comm.h"

@@ -27,6 +27,7 @@ const char *handle_kind_name(HandleKind kind) noexcept {
     case HandleKind::mlp: return "MLP";
     case HandleKind::comm: return "communicator";
     case HandleKind::projector: return "projector";
+    case HandleKind::flce: return "fused linear cross-entropy";
   }
   return "handle";
 }

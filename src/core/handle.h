@@ -16,6 +16,7 @@ enum class HandleKind : uint32_t {
   mlp = 3,
   comm = 4,
   projector = 5,
+  flce = 6,
 };
 
 /* Human name of a kind for messages ("context"). */

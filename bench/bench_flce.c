@@ -1,0 +1,476 @@
+/*
+ * bench_flce — fused linear cross-entropy fwd+bwd (loss, grad_x, grad_W),
+ * side by side in one run with
+ *   gemms        : the three GEMMs alone over all M tokens (logits = x W^T,
+ *                  grad_x = g W, grad_W = g^T x): the floor;
+ *   materialized : the logits of all M tokens in one M x V buffer, a softmax
+ *                  cross-entropy pass over it (gradient in place), then the
+ *                  two backward GEMMs: what an unfused framework runs. On the
+ *                  CPU plain C over OpenBLAS; on CUDA osft_flce_compute with
+ *                  one chunk of M rows;
+ * and osft_flce_compute with the default budget and with a tight one (1/D of
+ * the M x V fp32 logits, D = 4 by default).
+ *
+ *   bench_flce [--device cpu|cuda] [--scale S] [--reps R] [--budget-div D]
+ *              [--csv FILE]
+ *
+ * CPU: fp32, OpenBLAS. CUDA (builds with OSFT_BENCH_CUDA): bf16 x, W, grad_x
+ * and grad_W (fp32 accumulator), cuBLAS for the floor. Shapes: BT in {2048,
+ * 8192} tokens, H = 4096, V in {32000, 128256}, divided by S (default 8 on
+ * the CPU, 1 on CUDA). Prints times (median of R runs, default 5, the
+ * variants interleaved), the ratios to the floor and to the materialized
+ * baseline, the op's peak memory (osft_context_get_memory_stats: host_peak
+ * on the CPU, device_peak on CUDA) and the baseline's M x V buffer.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef OSFT_BENCH_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#endif
+
+#include "osftrt/osftrt.h"
+
+#define CHECK(call)                                                 \
+  do {                                                              \
+    osft_status_t st_ = (call);                                     \
+    if (st_ != OSFT_STATUS_SUCCESS) {                               \
+      fprintf(stderr, "%s failed: %s\n", #call, osft_last_error()); \
+      exit(1);                                                      \
+    }                                                               \
+  } while (0)
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void *checked_malloc(size_t bytes) {
+  void *p = malloc(bytes > 0 ? bytes : 1);
+  if (!p) {
+    fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
+    exit(1);
+  }
+  return p;
+}
+
+static float *fill(size_t n, float scale, unsigned seed) {
+  float *p = checked_malloc(n * sizeof(float));
+  unsigned s = seed;
+  for (size_t i = 0; i < n; ++i) {
+    s = s * 1664525u + 1013904223u;
+    p[i] = scale * (float)((s >> 8) * (1.0 / 16777216.0) - 0.5);
+  }
+  return p;
+}
+
+/* ------------------------------------------------------------- problems */
+
+typedef struct {
+  int cuda; /* 0: CPU, fp32; 1: CUDA, bf16 */
+  int m, h, v;
+  /* on the device: x, w (and dx, dw, g) in the compute dtype; logits fp32;
+   * CUDA only: g, the floor's bf16 gradient, and dw32, its fp32 grad_W */
+  void *x, *w, *logits, *g, *dx, *dw, *dw32;
+  int64_t *y;
+  float *loss;
+  void *blas; /* cublasHandle_t */
+} problem;
+
+#ifdef OSFT_BENCH_CUDA
+static void cuda_check(cudaError_t e, const char *what) {
+  if (e != cudaSuccess) {
+    fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    exit(1);
+  }
+}
+
+static uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+/* A device copy of n host floats, as bf16 (or fp32 if !narrow). */
+static void *upload(const float *host, size_t n, int narrow) {
+  void *dev;
+  const size_t bytes = n * (narrow ? 2 : 4);
+  cuda_check(cudaMalloc(&dev, bytes), "cudaMalloc");
+  if (narrow) {
+    uint16_t *b = checked_malloc(n * 2);
+    for (size_t i = 0; i < n; ++i) b[i] = to_bf16(host[i]);
+    cuda_check(cudaMemcpy(dev, b, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    free(b);
+  } else {
+    cuda_check(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  return dev;
+}
+#endif
+
+/* Host buffers, moved to the GPU for CUDA problems. */
+static void problem_init(problem *p, int cuda, int m, int h, int v) {
+  memset(p, 0, sizeof *p);
+  p->cuda = cuda;
+  p->m = m;
+  p->h = h;
+  p->v = v;
+  float *x = fill((size_t)m * h, 2.0f, 1u), *w = fill((size_t)v * h, 0.2f, 2u);
+  float *g = fill((size_t)m * v, 1e-3f, 3u);
+  float *dx = fill((size_t)m * h, 1.0f, 4u), *dw = fill((size_t)v * h, 1.0f, 5u);
+  int64_t *y = checked_malloc(sizeof(int64_t) * (size_t)m);
+  for (int i = 0; i < m; ++i) y[i] = (int64_t)((i * 7919u) % (unsigned)v);
+  if (!cuda) {
+    p->x = x;
+    p->w = w;
+    p->logits = g;
+    p->dx = dx;
+    p->dw = dw;
+    p->y = y;
+    p->loss = checked_malloc(sizeof(float));
+    return;
+  }
+#ifdef OSFT_BENCH_CUDA
+  p->x = upload(x, (size_t)m * h, 1);
+  p->w = upload(w, (size_t)v * h, 1);
+  p->g = upload(g, (size_t)m * v, 1);
+  p->logits = upload(g, (size_t)m * v, 0);
+  p->dx = upload(dx, (size_t)m * h, 1);
+  p->dw = upload(dw, (size_t)v * h, 1);
+  p->dw32 = upload(dw, (size_t)v * h, 0);
+  cuda_check(cudaMalloc((void **)&p->y, sizeof(int64_t) * (size_t)m), "cudaMalloc");
+  cuda_check(cudaMemcpy(p->y, y, sizeof(int64_t) * (size_t)m, cudaMemcpyHostToDevice),
+             "cudaMemcpy");
+  cuda_check(cudaMalloc((void **)&p->loss, sizeof(float)), "cudaMalloc");
+  cublasHandle_t handle;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+    fprintf(stderr, "cublasCreate failed\n");
+    exit(1);
+  }
+  p->blas = handle;
+  float *host[5] = {x, w, g, dx, dw};
+  for (int i = 0; i < 5; ++i) free(host[i]);
+  free(y);
+#endif
+}
+
+static void problem_free(problem *p) {
+  void *bufs[9] = {p->x, p->w, p->logits, p->g, p->dx, p->dw, p->dw32, p->y, p->loss};
+  if (!p->cuda) {
+    for (int i = 0; i < 9; ++i) free(bufs[i]);
+    return;
+  }
+#ifdef OSFT_BENCH_CUDA
+  for (int i = 0; i < 9; ++i) cudaFree(bufs[i]);
+  cublasDestroy((cublasHandle_t)p->blas);
+#endif
+}
+
+/* Loss as a float on the host. */
+static float loss_of(const problem *p) {
+  float l = *p->loss;
+#ifdef OSFT_BENCH_CUDA
+  if (p->cuda)
+    cuda_check(cudaMemcpy(&l, p->loss, 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
+#endif
+  return l;
+}
+
+/* --------------------------------------------------------------- floor */
+
+/* C (m x n) = op(A) op(B), row-major, fp32 (CPU). */
+static void sgemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
+                  const float *b, int ldb, float *c, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+              tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c,
+              ldc);
+}
+
+#ifdef OSFT_BENCH_CUDA
+/* The same on cuBLAS: bf16 A and B, fp32 accumulation, C of c_type.
+ * Row-major C = A B is column-major C^T = B^T A^T. */
+static void gemm_bf16(cublasHandle_t h, int ta, int tb, int m, int n, int k,
+                      const void *a, int lda, const void *b, int ldb, void *c, int ldc,
+                      cudaDataType c_type) {
+  const float one = 1.0f, zero = 0.0f;
+  if (cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n,
+                   m, k, &one, b, CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &zero, c, c_type,
+                   ldc, CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+    fprintf(stderr, "cublasGemmEx failed\n");
+    exit(1);
+  }
+}
+#endif
+
+static void three_gemms(problem *p) {
+  if (!p->cuda) {
+    float *lg = p->logits;
+    sgemm(0, 1, p->m, p->v, p->h, p->x, p->h, p->w, p->h, lg, p->v);
+    sgemm(0, 0, p->m, p->h, p->v, lg, p->v, p->w, p->h, p->dx, p->h);
+    sgemm(1, 0, p->v, p->h, p->m, lg, p->v, p->x, p->h, p->dw, p->h);
+    return;
+  }
+#ifdef OSFT_BENCH_CUDA
+  cublasHandle_t h = (cublasHandle_t)p->blas;
+  gemm_bf16(h, 0, 1, p->m, p->v, p->h, p->x, p->h, p->w, p->h, p->logits, p->v,
+            CUDA_R_32F);
+  gemm_bf16(h, 0, 0, p->m, p->h, p->v, p->g, p->v, p->w, p->h, p->dx, p->h, CUDA_R_16BF);
+  gemm_bf16(h, 1, 0, p->v, p->h, p->m, p->g, p->v, p->x, p->h, p->dw32, p->h, CUDA_R_32F);
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+#endif
+}
+
+/* ---------------------------------------------------- materialized (CPU) */
+
+/* Mean cross-entropy over the materialized logits; the gradient in place. */
+static void softmax_ce(problem *p) {
+  double total = 0.0;
+  const float inv_m = 1.0f / (float)p->m;
+  for (int i = 0; i < p->m; ++i) {
+    float *z = (float *)p->logits + (size_t)i * p->v;
+    float mx = z[0];
+    for (int j = 1; j < p->v; ++j) mx = z[j] > mx ? z[j] : mx;
+    double s = 0.0;
+    for (int j = 0; j < p->v; ++j) s += expf(z[j] - mx);
+    const float lse = mx + (float)log(s);
+    total += lse - z[p->y[i]];
+    for (int j = 0; j < p->v; ++j) z[j] = expf(z[j] - lse) * inv_m;
+    z[p->y[i]] -= inv_m;
+  }
+  *p->loss = (float)(total / p->m);
+}
+
+static void materialized_cpu(problem *p) {
+  float *lg = p->logits;
+  sgemm(0, 1, p->m, p->v, p->h, p->x, p->h, p->w, p->h, lg, p->v);
+  softmax_ce(p);
+  sgemm(0, 0, p->m, p->h, p->v, lg, p->v, p->w, p->h, p->dx, p->h);
+  sgemm(1, 0, p->v, p->h, p->m, lg, p->v, p->x, p->h, p->dw, p->h);
+}
+
+/* ------------------------------------------------------------- the op */
+
+typedef struct {
+  osft_context_t ctx;
+  osft_flce_t flce;
+  osft_flce_inputs_t in;
+  osft_flce_outputs_t out;
+  DLTensor x, w, y, loss, dx, dw;
+  int64_t xs[2], ws[2], ys[1];
+  osft_flce_plan_t plan;
+} fused_setup;
+
+static DLTensor tensor(const problem *p, void *data, DLDataTypeCode code, int bits,
+                       int ndim, int64_t *shape) {
+  DLTensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.device.device_type = p->cuda ? kDLCUDA : kDLCPU;
+  t.ndim = ndim;
+  t.dtype.code = (uint8_t)code;
+  t.dtype.bits = (uint8_t)bits;
+  t.dtype.lanes = 1;
+  t.shape = shape;
+  return t;
+}
+
+/* The op on its own context, with a budget (0: default) and chunk rows (0:
+ * from the budget). */
+static void setup_fused(fused_setup *f, problem *p, size_t budget, int64_t chunk_rows) {
+  osft_context_options_t co;
+  CHECK(OSFT_CONTEXT_OPTIONS_INIT(&co));
+  co.device_type = p->cuda ? OSFT_DEVICE_CUDA : OSFT_DEVICE_CPU;
+  CHECK(osft_context_create(&f->ctx, &co));
+  osft_flce_options_t o;
+  CHECK(OSFT_FLCE_OPTIONS_INIT(&o));
+  o.memory_budget = budget;
+  o.chunk_rows = chunk_rows;
+  CHECK(osft_flce_create(f->ctx, &o, &f->flce));
+  f->xs[0] = f->ys[0] = p->m;
+  f->xs[1] = f->ws[1] = p->h;
+  f->ws[0] = p->v;
+  const DLDataTypeCode fc = p->cuda ? kDLBfloat : kDLFloat;
+  const int fb = p->cuda ? 16 : 32;
+  f->x = tensor(p, p->x, fc, fb, 2, f->xs);
+  f->w = tensor(p, p->w, fc, fb, 2, f->ws);
+  f->y = tensor(p, p->y, kDLInt, 64, 1, f->ys);
+  f->loss = tensor(p, p->loss, kDLFloat, 32, 0, NULL);
+  f->dx = tensor(p, p->dx, fc, fb, 2, f->xs);
+  f->dw = tensor(p, p->dw, fc, fb, 2, f->ws);
+  CHECK(OSFT_FLCE_INPUTS_INIT(&f->in));
+  CHECK(OSFT_FLCE_OUTPUTS_INIT(&f->out));
+  f->in.x = &f->x;
+  f->in.weight = &f->w;
+  f->in.targets = &f->y;
+  f->out.loss = &f->loss;
+  f->out.grad_x = &f->dx;
+  f->out.grad_weight = &f->dw;
+  f->plan.struct_size = sizeof f->plan;
+  CHECK(osft_flce_get_plan(f->flce, &f->in, &f->out, &f->plan));
+}
+
+static void fused(fused_setup *f) {
+  CHECK(osft_flce_compute(f->flce, &f->in, &f->out));
+  CHECK(osft_context_synchronize(f->ctx));
+}
+
+/* Peak memory of the op's context, in MiB. */
+static double peak_mib(const fused_setup *f, int cuda) {
+  osft_memory_stats_t st;
+  st.struct_size = sizeof st;
+  CHECK(osft_context_get_memory_stats(f->ctx, &st));
+  return (double)(cuda ? st.device_peak : st.host_peak) / (1 << 20);
+}
+
+static void teardown_fused(fused_setup *f) {
+  CHECK(osft_flce_destroy(f->flce));
+  CHECK(osft_context_destroy(f->ctx));
+}
+
+/* -------------------------------------------------------------- timing */
+
+enum { GEMMS, MATERIALIZED, FUSED, TIGHT, VARIANTS };
+
+typedef struct {
+  problem *p;
+  fused_setup *one_chunk, *def, *tight;
+} bench_case;
+
+static void run_variant(bench_case *b, int variant) {
+  switch (variant) {
+    case GEMMS: three_gemms(b->p); break;
+    case MATERIALIZED:
+      if (b->p->cuda)
+        fused(b->one_chunk);
+      else
+        materialized_cpu(b->p);
+      break;
+    case FUSED: fused(b->def); break;
+    default: fused(b->tight); break;
+  }
+}
+
+static double median(double *t, int n) {
+  for (int i = 1; i < n; ++i)
+    for (int j = i; j > 0 && t[j] < t[j - 1]; --j) {
+      const double s = t[j];
+      t[j] = t[j - 1];
+      t[j - 1] = s;
+    }
+  return t[n / 2];
+}
+
+/* Every variant round-robin, so that a drifting machine affects all alike;
+ * medians of `reps` runs after one warm-up each. */
+static void time_all(bench_case *b, int reps, double *out) {
+  double t[VARIANTS][32];
+  for (int v = 0; v < VARIANTS; ++v) run_variant(b, v);
+  for (int r = 0; r < reps; ++r)
+    for (int v = 0; v < VARIANTS; ++v) {
+      const double t0 = now_ms();
+      run_variant(b, v);
+      t[v][r] = now_ms() - t0;
+    }
+  for (int v = 0; v < VARIANTS; ++v) out[v] = median(t[v], reps);
+}
+
+int main(int argc, char **argv) {
+  int scale = 0, reps = 5, budget_div = 4, cuda = 0;
+  const char *csv_path = NULL;
+  for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--scale") && i + 1 < argc)
+      scale = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--budget-div") && i + 1 < argc)
+      budget_div = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--csv") && i + 1 < argc)
+      csv_path = argv[++i];
+    else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+      cuda = !strcmp(argv[++i], "cuda");
+    else {
+      fprintf(stderr,
+              "usage: %s [--device cpu|cuda] [--scale S] [--reps R] [--budget-div D] "
+              "[--csv FILE]\n",
+              argv[0]);
+      return 2;
+    }
+  }
+#ifndef OSFT_BENCH_CUDA
+  if (cuda) {
+    fprintf(stderr, "this bench_flce was built without CUDA\n");
+    return 2;
+  }
+#endif
+  if (scale < 1) scale = cuda ? 1 : 8;
+  if (reps < 1 || reps > 31) reps = 5;
+  if (budget_div < 1) budget_div = 4;
+  const int bts[2] = {2048, 8192}, vs[2] = {32000, 128256}, h_full = 4096;
+  FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
+  if (csv)
+    fprintf(
+        csv,
+        "device,bt,h,v,gemms_ms,materialized_ms,flce_ms,flce_tight_ms,flce_over_gemms,"
+        "tight_over_gemms,materialized_over_flce,mxv_mib,flce_peak_mib,"
+        "tight_peak_mib,tight_budget_mib,chunks,chunk_rows,tight_chunks,"
+        "tight_chunk_rows\n");
+  printf("# %s\n# %s, shapes / %d, median of %d; tight budget = M x V x 4 / %d\n",
+         osft_build_info(), cuda ? "CUDA, bf16" : "CPU, fp32", scale, reps, budget_div);
+  printf("%5s %5s %6s | %8s %8s %8s %8s | %6s %6s %6s | %8s %8s %8s | %s\n", "BT", "H",
+         "V", "gemms", "mater.", "flce", "tight", "f/gem", "t/gem", "mat/f", "MxV MiB",
+         "peak MiB", "tgt MiB", "chunks (default; tight)");
+  for (int bi = 0; bi < 2; ++bi)
+    for (int vi = 0; vi < 2; ++vi) {
+      problem p;
+      problem_init(&p, cuda, bts[bi] / scale, h_full / scale, vs[vi] / scale);
+      const double mxv_mib = (double)p.m * p.v * sizeof(float) / (1 << 20);
+      const size_t tight = (size_t)p.m * p.v * sizeof(float) / (size_t)budget_div;
+      fused_setup one, def, tgt;
+      if (cuda) setup_fused(&one, &p, SIZE_MAX / 2, p.m);
+      setup_fused(&def, &p, 0, 0);
+      setup_fused(&tgt, &p, tight, 0);
+      bench_case b = {&p, cuda ? &one : NULL, &def, &tgt};
+      double t[VARIANTS];
+      time_all(&b, reps, t);
+      run_variant(&b, MATERIALIZED);
+      const float loss_mat = loss_of(&p);
+      fused(&def);
+      const float loss = loss_of(&p);
+      if (fabsf(loss - loss_mat) > 1e-3f * fabsf(loss_mat))
+        fprintf(stderr, "warning: loss %g (flce) vs %g (materialized)\n", loss, loss_mat);
+      const double def_mib = peak_mib(&def, cuda), tgt_mib = peak_mib(&tgt, cuda);
+      printf(
+          "%5d %5d %6d | %8.1f %8.1f %8.1f %8.1f | %6.3f %6.3f %6.2f | %8.1f %8.1f %8.1f "
+          "| %lld x %lld; %lld x %lld\n",
+          p.m, p.h, p.v, t[GEMMS], t[MATERIALIZED], t[FUSED], t[TIGHT],
+          t[FUSED] / t[GEMMS], t[TIGHT] / t[GEMMS], t[MATERIALIZED] / t[FUSED], mxv_mib,
+          def_mib, tgt_mib, (long long)def.plan.chunks, (long long)def.plan.chunk_rows,
+          (long long)tgt.plan.chunks, (long long)tgt.plan.chunk_rows);
+      fflush(stdout);
+      if (csv)
+        fprintf(csv,
+                "%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f,%.2f,%.2f,%.2f,%.2f,%lld,"
+                "%lld,%lld,%lld\n",
+                cuda ? "cuda" : "cpu", p.m, p.h, p.v, t[GEMMS], t[MATERIALIZED], t[FUSED],
+                t[TIGHT], t[FUSED] / t[GEMMS], t[TIGHT] / t[GEMMS],
+                t[MATERIALIZED] / t[FUSED], mxv_mib, def_mib, tgt_mib,
+                (double)tight / (1 << 20), (long long)def.plan.chunks,
+                (long long)def.plan.chunk_rows, (long long)tgt.plan.chunks,
+                (long long)tgt.plan.chunk_rows);
+      if (cuda) teardown_fused(&one);
+      teardown_fused(&def);
+      teardown_fused(&tgt);
+      problem_free(&p);
+    }
+  if (csv) fclose(csv);
+  return 0;
+}

@@ -1,0 +1,317 @@
+/*
+ * libosftrt — fused linear cross-entropy (the LM-head loss), with the
+ * logits never materialized.
+ *
+ * For hidden states x (M x H, M tokens), a weight W (V x H, V classes), an
+ * optional bias b (V) and class targets y (M), one call computes the loss of
+ *
+ *   z = x W^T + b                 logits, M x V (never held whole)
+ *   z = s * tanh(z / s)           optional logit softcap s
+ *   lse = log sum_j exp(z_j),  p = softmax(z)
+ *
+ * and, when asked, dL/dx, dL/dW and dL/db. Per token i, with label
+ * smoothing a (eps = a / V), z-loss scale lambda and class weights w
+ * (all 1 without them; Wsum = sum_j w_j):
+ *
+ *   loss_i = (1 - a) w_y (lse - z_y) + eps (lse Wsum - sum_j w_j z_j)
+ *            + lambda lse^2
+ *   dloss_i/dz_j = ((1 - a) w_y + eps Wsum + 2 lambda lse) p_j - eps w_j
+ *                  - (1 - a) w_y [j == y]
+ *
+ * times the softcap's chain factor 1 - tanh^2 where it is on. Tokens whose
+ * target equals ignore_index contribute nothing (loss 0, gradient 0).
+ *
+ * Reductions. OSFT_FLCE_SUM: sum_i loss_i. OSFT_FLCE_MEAN: sum_i loss_i / D,
+ * where D = sum of w_y over the tokens that are not ignored (their count
+ * without class weights); the z-loss term is inside loss_i, so it is divided
+ * by D too. OSFT_FLCE_NONE: the per-token losses. When D is 0 (every target
+ * ignored, or all their class weights 0) the mean is defined as 0 and all
+ * gradients as 0 (not NaN); the same holds for a call with no tokens.
+ *
+ * How it runs. Tokens are processed in chunks of C rows. Per chunk:
+ * the logits chunk (C x V, fp32) is computed into a reused scratch buffer by
+ * a GEMM; one row pass computes the row statistics in fp32 (an online
+ * max/sum, the target logit, the smoothing sum, the argmax) and writes the
+ * gradient over the logits in place; then grad_x[chunk] = g W and
+ * grad_W += g^T x[chunk] run as GEMMs that accumulate themselves (beta = 1,
+ * fp32 accumulation), and grad_b += column sums of g. The chunk size C
+ * comes from the memory budget (osft_flce_options_t::memory_budget); a
+ * larger budget means fewer read-modify-writes of grad_W.
+ *
+ * Scratch memory (taken from the context's workspace, counted by
+ * osft_context_get_memory_stats) is, in bytes:
+ *   per chunk row   4 * Vp (fp32 logits; Vp = V rounded up to 16)
+ *                   + 4 * H on the CPU with bf16 x (x widened for OpenBLAS)
+ *   fixed           16 * M (per-token loss, z-loss, argmax) + small,
+ *                   + 4 * V * H when grad_weight is bf16 and the
+ *                     accumulator is OSFT_FLCE_ACCUMULATOR_FP32,
+ *                   + 4 * V * H on the CPU with a bf16 weight (widened once),
+ *                   + 4 * V when grad_bias is bf16.
+ * osft_flce_get_plan() reports the chunk size and the scratch of a call.
+ * The GEMMs and the bias-gradient sum may take small temporaries of their
+ * own, not counted in the budget: C x H floats on the CPU with a bf16
+ * grad_x, a few times V floats on CUDA with grad_bias.
+ *
+ * Precision. x and W are fp32 or bf16 (the same dtype). GEMMs take their
+ * operands in that dtype and accumulate in fp32 (on the CPU, bf16 operands
+ * are widened to fp32 first). Logits, row statistics and the loss are fp32
+ * (sums over tokens in fp64). The in-place gradient g is fp32, or bf16 on
+ * CUDA with bf16 x (the backward GEMMs then run on tensor cores).
+ *
+ * Validation. Every argument is checked before anything is written:
+ * shapes, dtypes, layouts, devices, overlaps, and the target values (a
+ * target outside [0, V) that is not ignore_index fails with
+ * OSFT_STATUS_INDEX_OUT_OF_RANGE naming the first such token). On CUDA the
+ * target check runs on the device and the call waits for its result (a
+ * small kernel and a 40-byte copy) before it enqueues any write to an
+ * output; everything after that is asynchronous on the context's stream.
+ * Because of that wait, a call cannot be captured into a CUDA graph.
+ *
+ * Use in a trainer. The loss and the gradients come from one call, so an
+ * autograd framework calls it in its forward with the gradients requested
+ * and hands them out in the backward. Where the upstream gradient is known
+ * in advance (1, or 1 / steps under gradient accumulation) pass it as
+ * grad_loss: it is folded into the gradient, with no rescaling pass over
+ * grad_W afterwards. Evaluation uses forward-only calls:
+ *
+ *   osft_flce_t ce;   osft_flce_options_t o;   OSFT_FLCE_OPTIONS_INIT(&o);
+ *   o.ignore_index = -100;   o.memory_budget = 1u << 30;
+ *   osft_flce_create(ctx, &o, &ce);
+ *   osft_flce_inputs_t in;    OSFT_FLCE_INPUTS_INIT(&in);
+ *   in.x = &hidden;  in.weight = &lm_head;  in.targets = &labels;
+ *   osft_flce_outputs_t out;  OSFT_FLCE_OUTPUTS_INIT(&out);
+ *   out.loss = &loss;  out.grad_x = &d_hidden;  out.grad_weight = &d_lm_head;
+ *   out.accumulate = OSFT_FLCE_ACCUMULATE_GRAD_WEIGHT;  // over micro-batches
+ *   if (osft_flce_compute(ce, &in, &out) != OSFT_STATUS_SUCCESS)
+ *     fprintf(stderr, "%s\n", osft_last_error());
+ *   osft_flce_destroy(ce);
+ *
+ * Not yet: vocab-parallel mode (W sharded over V across ranks, with the row
+ * max, sum of exponentials and target logit combined by collectives). It
+ * will come as an addition to this interface.
+ *
+ * Threading: a handle belongs to its context; use it from one thread at a
+ * time (like the context). Handles on different contexts are independent.
+ */
+#ifndef OSFTRT_FLCE_H
+#define OSFTRT_FLCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "osftrt/context.h"
+#include "osftrt/export.h"
+#include "osftrt/status.h"
+#include "osftrt/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An opaque fused linear cross-entropy handle: the loss settings. */
+typedef struct osft_flce_s *osft_flce_t;
+
+/* How per-token losses are combined. Values fixed forever (ABI.md). */
+typedef enum osft_flce_reduction_e {
+  OSFT_FLCE_MEAN = 0, /* sum / D (see above): a scalar */
+  OSFT_FLCE_SUM = 1,  /* a scalar */
+  OSFT_FLCE_NONE = 2  /* one loss per token */
+} osft_flce_reduction_t;
+
+/* Where grad_weight and grad_bias are summed over chunks. Values fixed
+ * forever. Both are the same for fp32 gradients. */
+typedef enum osft_flce_accumulator_e {
+  /* An fp32 accumulator (scratch of V x H floats for a bf16 grad_weight),
+   * rounded once to the gradient's dtype at the end. Default. */
+  OSFT_FLCE_ACCUMULATOR_FP32 = 0,
+  /* In the gradient's own dtype: a bf16 grad_weight is rounded after every
+   * chunk. Saves the 4 * V * H bytes of scratch, costs precision. On the
+   * CPU the GEMM still widens grad_weight to fp32 per chunk (no saving). */
+  OSFT_FLCE_ACCUMULATOR_OUTPUT = 1
+} osft_flce_accumulator_t;
+
+/* Options of a handle. Initialize with OSFT_FLCE_OPTIONS_INIT(&o). */
+typedef struct osft_flce_options_s {
+  size_t struct_size; /* sizeof(osft_flce_options_t) as compiled */
+  /* Tokens with this target are ignored (any value; it may lie in
+   * [0, V), which then ignores that class). Default -100. */
+  int64_t ignore_index;
+  /* Label smoothing a in [0, 1]. Default 0. */
+  double label_smoothing;
+  /* z-loss scale lambda >= 0 (adds lambda * lse^2 per token). Default 0. */
+  double z_loss_scale;
+  /* Logit softcap s: z = s * tanh(z / s); 0 turns it off, otherwise it
+   * must be positive and finite. Default 0. */
+  double softcap;
+  /* Default OSFT_FLCE_MEAN. */
+  osft_flce_reduction_t reduction;
+  /* Default OSFT_FLCE_ACCUMULATOR_FP32. */
+  osft_flce_accumulator_t accumulator;
+  /* Upper bound, in bytes, on the scratch a call takes (fixed part
+   * included, see above); it decides the chunk size. 0: the fixed part plus
+   * 1 GiB of chunk buffers. The context's workspace_limit, if set, bounds it
+   * too. A budget too small for one row fails with
+   * OSFT_STATUS_OUT_OF_MEMORY, naming the minimum. Default 0. */
+  size_t memory_budget;
+  /* At most this many tokens per chunk (exactly this many, the last chunk
+   * excepted, when the budget allows); 0: as many as the budget allows,
+   * balanced over the chunks. Must be >= 0. Default 0. */
+  int64_t chunk_rows;
+} osft_flce_options_t;
+
+/* Fills *opts with the defaults above for a struct of struct_size bytes.
+ * Errors: OSFT_STATUS_INVALID_ARGUMENT (NULL),
+ * OSFT_STATUS_INVALID_STRUCT_SIZE. */
+OSFT_API osft_status_t osft_flce_options_init(osft_flce_options_t *opts,
+                                              size_t struct_size);
+#define OSFT_FLCE_OPTIONS_INIT(o) osft_flce_options_init((o), sizeof(*(o)))
+
+/*
+ * Creates a handle with the given options (copied; `opts` may be NULL for
+ * the defaults). The handle holds no device memory.
+ * Errors (*flce untouched): OSFT_STATUS_INVALID_HANDLE (ctx),
+ * OSFT_STATUS_INVALID_ARGUMENT (flce NULL; label_smoothing outside [0, 1];
+ * z_loss_scale negative or not finite; softcap negative or not finite;
+ * unknown reduction or accumulator; chunk_rows < 0),
+ * OSFT_STATUS_INVALID_STRUCT_SIZE, OSFT_STATUS_OUT_OF_MEMORY.
+ */
+OSFT_API osft_status_t osft_flce_create(osft_context_t ctx,
+                                        const osft_flce_options_t *opts,
+                                        osft_flce_t *flce);
+
+/* Destroys a handle. NULL is accepted. Errors: OSFT_STATUS_INVALID_HANDLE
+ * (not a live handle). */
+OSFT_API osft_status_t osft_flce_destroy(osft_flce_t flce);
+
+/* Writes the handle's options (as read at creation, with struct_size =
+ * opts->struct_size) to *opts, whose struct_size the caller has set.
+ * Errors: OSFT_STATUS_INVALID_HANDLE, OSFT_STATUS_INVALID_ARGUMENT (opts
+ * NULL), OSFT_STATUS_INVALID_STRUCT_SIZE. */
+OSFT_API osft_status_t osft_flce_get_options(osft_flce_t flce, osft_flce_options_t *opts);
+
+/*
+ * The inputs of a call. Every tensor is on the context's device and only
+ * read. M is the number of tokens: the product of x's leading dims.
+ */
+typedef struct osft_flce_inputs_s {
+  size_t struct_size; /* sizeof(osft_flce_inputs_t) as compiled */
+  /* (..., H), fp32 or bf16; rows may be padded. Required. */
+  const DLTensor *x;
+  /* (V, H), x's dtype; rows may be padded. Required. */
+  const DLTensor *weight;
+  /* (...), int32 or int64, compact, x's leading dims (a 1-D x, one token,
+   * takes a 0-d target). Required. */
+  const DLTensor *targets;
+  /* (V), fp32 or x's dtype, compact. Optional (NULL: no bias). */
+  const DLTensor *bias;
+  /* (V), fp32, compact: class weights w (see the formulas above), read on
+   * every call; values are not checked (use non-negative ones). Optional
+   * (NULL: all 1). */
+  const DLTensor *class_weight;
+  /* The upstream gradient dL_total/dloss, fp32, folded into the gradient
+   * scale (no extra pass over the gradients). MEAN and SUM: one element
+   * (shape [] or [1]); NONE: targets' shape, one per token. Read on the
+   * device, so it may be the output of earlier device work. Optional
+   * (NULL: 1). Not used without gradient outputs. */
+  const DLTensor *grad_loss;
+} osft_flce_inputs_t;
+
+/* Fills *in with NULL tensors for a struct of struct_size bytes. */
+OSFT_API osft_status_t osft_flce_inputs_init(osft_flce_inputs_t *in, size_t struct_size);
+#define OSFT_FLCE_INPUTS_INIT(i) osft_flce_inputs_init((i), sizeof(*(i)))
+
+/*
+ * The outputs of a call; a NULL tensor is not computed. At least one must
+ * be given. Without grad_x, grad_weight and grad_bias the call runs
+ * forward-only: no gradient is formed and no backward GEMM runs.
+ * Outputs must not overlap each other or any input.
+ */
+typedef struct osft_flce_outputs_s {
+  size_t struct_size; /* sizeof(osft_flce_outputs_t) as compiled */
+  /* fp32. MEAN and SUM: one element (shape [] or [1]); NONE: targets'
+   * shape (0 for ignored tokens). */
+  DLTensor *loss;
+  /* (..., H), x's dtype and leading dims; rows may be padded. */
+  DLTensor *grad_x;
+  /* (V, H), fp32 or x's dtype; rows may be padded. */
+  DLTensor *grad_weight;
+  /* (V), fp32 or x's dtype, compact. */
+  DLTensor *grad_bias;
+  /* fp32, shaped like loss: the z-loss part of the loss (lambda * lse^2,
+   * reduced like the loss, so MEAN divides by D as well). */
+  DLTensor *z_loss;
+  /* fp32, one element: the fraction of the tokens not ignored whose
+   * argmax equals the target (unweighted; 0 when every token is ignored). */
+  DLTensor *accuracy;
+  /* targets' shape, int32 or int64: the index of the largest (softcapped)
+   * logit of every token, ignored ones included; the lowest index on ties. */
+  DLTensor *argmax;
+  /* targets' shape, fp32: the per-token loss before reduction and before
+   * the upstream gradient (0 for ignored tokens), whatever the reduction. */
+  DLTensor *token_loss;
+  /* OR of OSFT_FLCE_ACCUMULATE_*: add the gradient into the existing values
+   * (beta = 1, e.g. over micro-batches) instead of overwriting. Default 0. */
+  uint32_t accumulate;
+} osft_flce_outputs_t;
+
+#define OSFT_FLCE_ACCUMULATE_GRAD_X (1u << 0)
+#define OSFT_FLCE_ACCUMULATE_GRAD_WEIGHT (1u << 1)
+#define OSFT_FLCE_ACCUMULATE_GRAD_BIAS (1u << 2)
+#define OSFT_FLCE_ACCUMULATE_ALL (0x7u)
+
+/* Fills *out with NULL tensors and accumulate = 0. */
+OSFT_API osft_status_t osft_flce_outputs_init(osft_flce_outputs_t *out,
+                                              size_t struct_size);
+#define OSFT_FLCE_OUTPUTS_INIT(o) osft_flce_outputs_init((o), sizeof(*(o)))
+
+/*
+ * Computes the loss and every requested output in one pass over the tokens
+ * (see the top of this file). On CUDA the work is enqueued on the context's
+ * stream; the call returns once the target check has come back and the rest
+ * is enqueued. Gradients are of the reduced loss times grad_loss.
+ *
+ * Errors (nothing is written on failure, accumulators included):
+ *   OSFT_STATUS_INVALID_HANDLE (flce, or its context was destroyed),
+ *   OSFT_STATUS_INVALID_ARGUMENT (in or out NULL, a required tensor NULL,
+ *     no output requested, unknown accumulate bits),
+ *   OSFT_STATUS_INVALID_STRUCT_SIZE (in, out),
+ *   OSFT_STATUS_DTYPE_MISMATCH, OSFT_STATUS_SHAPE_MISMATCH,
+ *   OSFT_STATUS_BAD_LAYOUT, OSFT_STATUS_DEVICE_MISMATCH,
+ *   OSFT_STATUS_ALIASING (an output overlaps an input or another output),
+ *   OSFT_STATUS_INDEX_OUT_OF_RANGE (a target outside [0, V) that is not
+ *     ignore_index; the message names the first such token and its value),
+ *   OSFT_STATUS_OUT_OF_MEMORY (the budget or workspace_limit is below the
+ *     minimum for one row, or the allocator failed),
+ *   OSFT_STATUS_NOT_SUPPORTED (a dimension beyond the CPU BLAS's 32 bits),
+ *   OSFT_STATUS_BACKEND_ERROR.
+ */
+OSFT_API osft_status_t osft_flce_compute(osft_flce_t flce, const osft_flce_inputs_t *in,
+                                         const osft_flce_outputs_t *out);
+
+/* What a call would do, from osft_flce_get_plan(). The caller sets
+ * struct_size; fields beyond it are not written. */
+typedef struct osft_flce_plan_s {
+  size_t struct_size;     /* set by the caller: sizeof as compiled */
+  int64_t tokens;         /* M */
+  int64_t chunk_rows;     /* tokens per chunk (the last may have fewer) */
+  int64_t chunks;         /* number of chunks (0 when M is 0) */
+  uint64_t scratch_bytes; /* workspace the call takes */
+  uint64_t budget_bytes;  /* the bound it was planned against */
+} osft_flce_plan_t;
+
+/*
+ * Validates `in` and `out` as osft_flce_compute() would (except the target
+ * values, which stay on the device) and describes the call in *plan.
+ * Computes and writes nothing else. Errors: as for osft_flce_compute, plus
+ * OSFT_STATUS_INVALID_ARGUMENT (plan NULL) and OSFT_STATUS_INVALID_STRUCT_SIZE
+ * (plan), minus OSFT_STATUS_INDEX_OUT_OF_RANGE.
+ */
+OSFT_API osft_status_t osft_flce_get_plan(osft_flce_t flce, const osft_flce_inputs_t *in,
+                                          const osft_flce_outputs_t *out,
+                                          osft_flce_plan_t *plan);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OSFTRT_FLCE_H */

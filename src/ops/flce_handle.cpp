@@ -1,0 +1,85 @@
+/* Fused linear cross-entropy: options and the handle's lifetime. */
+#include <cmath>
+
+#include "core/error.h"
+#include "core/handle.h"
+#include "core/options.h"
+#include "ops/flce.h"
+
+namespace osft {
+namespace {
+
+constexpr size_t kOptionsV1Size = OSFTI_V1_SIZE(osft_flce_options_t, chunk_rows);
+
+osft_flce_options_t default_options() {
+  osft_flce_options_t d{};
+  d.struct_size = sizeof d;
+  d.ignore_index = -100;
+  d.reduction = OSFT_FLCE_MEAN;
+  d.accumulator = OSFT_FLCE_ACCUMULATOR_FP32;
+  return d;
+}
+
+void check_options(const osft_flce_options_t &o) {
+  if (!(o.label_smoothing >= 0.0 && o.label_smoothing <= 1.0))
+    raise(OSFT_STATUS_INVALID_ARGUMENT, "opts->label_smoothing: %g is outside [0, 1]",
+          o.label_smoothing);
+  if (!(o.z_loss_scale >= 0.0 && std::isfinite(o.z_loss_scale)))
+    raise(OSFT_STATUS_INVALID_ARGUMENT,
+          "opts->z_loss_scale: %g; must be finite and non-negative", o.z_loss_scale);
+  if (!(o.softcap >= 0.0 && std::isfinite(o.softcap)))
+    raise(OSFT_STATUS_INVALID_ARGUMENT,
+          "opts->softcap: %g; must be positive and finite (or 0: off)", o.softcap);
+  const int reduction = raw_enum(o.reduction);
+  if (reduction < OSFT_FLCE_MEAN || reduction > OSFT_FLCE_NONE)
+    raise(OSFT_STATUS_INVALID_ARGUMENT,
+          "opts->reduction: %d is not an osft_flce_reduction_t", reduction);
+  const int accumulator = raw_enum(o.accumulator);
+  if (accumulator < OSFT_FLCE_ACCUMULATOR_FP32 ||
+      accumulator > OSFT_FLCE_ACCUMULATOR_OUTPUT)
+    raise(OSFT_STATUS_INVALID_ARGUMENT,
+          "opts->accumulator: %d is not an osft_flce_accumulator_t", accumulator);
+  if (o.chunk_rows < 0)
+    raise(OSFT_STATUS_INVALID_ARGUMENT, "opts->chunk_rows: %lld is negative",
+          static_cast<long long>(o.chunk_rows));
+}
+
+}  // namespace
+
+osft_flce_options_t read_flce_options(const osft_flce_options_t *user) {
+  if (user == nullptr) return default_options();
+  const osft_flce_options_t o =
+      read_struct(user, default_options(), kOptionsV1Size, "opts", "osft_flce_options_t");
+  check_options(o);
+  return o;
+}
+
+Flce *create_flce(Context &ctx, const osft_flce_options_t &opts) {
+  Flce *f = ctx.allocator.make<Flce>("flce handle");
+  f->ctx = &ctx;
+  f->opts = opts;
+  try {
+    register_handle(f, HandleKind::flce);
+  } catch (...) {
+    destroy_flce(f);
+    throw;
+  }
+  ctx.live_children++;
+  f->counted = true;
+  return f;
+}
+
+void destroy_flce(Flce *f) noexcept {
+  if (f->counted) f->ctx->live_children--;
+  f->ctx->allocator.destroy(f);
+}
+
+Flce &checked_flce(osft_flce_t flce, const char *arg) {
+  check_handle(flce, HandleKind::flce, arg);
+  if (!is_live_handle(flce->ctx, HandleKind::context))
+    raise(OSFT_STATUS_INVALID_HANDLE,
+          "%s: its context was destroyed; destroy handles before their context", arg);
+  return *flce;
+}
+
+}  // namespace osft

@@ -1,0 +1,283 @@
+/* Fused linear cross-entropy: validating a call's tensors (before anything
+ * is written) and choosing the chunk size from the memory budget. */
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/tensor_args.h"
+#include "ops/flce.h"
+
+namespace osft {
+namespace {
+
+constexpr unsigned kComputeDtypes = OSFTI_F32 | OSFTI_BF16;
+/* Chunk buffers when the caller sets no budget. */
+constexpr size_t kDefaultChunkBytes = size_t{1} << 30;
+/* Below this many rows per chunk the GEMMs run visibly slower (measured on
+ * OpenBLAS; cuBLAS wants more). */
+constexpr int64_t kEfficientRows = 128;
+
+void check(osft_status_t status) {
+  throw_if_error(status);
+}
+
+/* The tensor shapes every argument is checked against. */
+struct Shapes {
+  const DLTensor *x = nullptr;       /* (..., H) */
+  const DLTensor *targets = nullptr; /* (...): the per-token shape */
+  int64_t v = 0, h = 0;
+  unsigned x_dtype = 0;
+  bool per_token_loss = false; /* reduction NONE */
+};
+
+/* A compact tensor of exactly `shape` (rank n). */
+void check_exact(Context &ctx, const DLTensor *t, const char *name, unsigned dtypes,
+                 int n, const int64_t *shape) {
+  osfti_tensor_spec sp{};
+  sp.name = name;
+  sp.dtypes = dtypes;
+  sp.min_rank = sp.max_rank = sp.n_dims = n;
+  for (int d = 0; d < n; ++d) sp.dims[d] = shape[d];
+  sp.layout = OSFTI_LAYOUT_CONTIGUOUS;
+  check(osfti_check_tensor(&ctx, t, &sp));
+}
+
+/* A tensor shaped like the targets (one value per token), compact. */
+void check_per_token(Context &ctx, const DLTensor *t, const char *name, unsigned dtypes,
+                     const Shapes &s) {
+  check_exact(ctx, t, name, dtypes, s.targets->ndim, s.targets->shape);
+}
+
+/* One fp32 element: shape [] or [1]. */
+void check_scalar(Context &ctx, const DLTensor *t, const char *name) {
+  const int64_t one = 1;
+  check_exact(ctx, t, name, OSFTI_F32, t != nullptr && t->ndim == 0 ? 0 : 1, &one);
+}
+
+/* The loss and the z-loss: a scalar, or per token for reduction NONE. */
+void check_loss_like(Context &ctx, const DLTensor *t, const char *name, const Shapes &s) {
+  if (s.per_token_loss)
+    check_per_token(ctx, t, name, OSFTI_F32, s);
+  else
+    check_scalar(ctx, t, name);
+}
+
+/* x, weight and targets fix M, V, H and the dtype. */
+Shapes check_required(Context &ctx, const osft_flce_inputs_t &in, bool per_token) {
+  Shapes s;
+  checked_rows(ctx, in.x, "in->x", kComputeDtypes, OSFTI_ANY);
+  s.x = in.x;
+  s.h = in.x->shape[in.x->ndim - 1];
+  s.x_dtype = osfti_dtype_from_dl(in.x->dtype);
+  s.per_token_loss = per_token;
+  checked_matrix(ctx, in.weight, "in->weight", kComputeDtypes, OSFTI_ANY, s.h);
+  check(osfti_check_same_dtype("in->x", in.x, "in->weight", in.weight));
+  s.v = in.weight->shape[0];
+  if (s.v < 1)
+    raise(OSFT_STATUS_SHAPE_MISMATCH, "in->weight: shape [0, %lld] has no classes",
+          static_cast<long long>(s.h));
+  check_exact(ctx, in.targets, "in->targets", OSFTI_I32 | OSFTI_I64, in.x->ndim - 1,
+              in.x->shape);
+  s.targets = in.targets;
+  return s;
+}
+
+void check_optional_inputs(Context &ctx, const osft_flce_inputs_t &in, const Shapes &s) {
+  if (in.bias != nullptr)
+    checked_vector(ctx, in.bias, "in->bias", OSFTI_F32 | s.x_dtype, s.v);
+  if (in.class_weight != nullptr)
+    checked_vector(ctx, in.class_weight, "in->class_weight", OSFTI_F32, s.v);
+  if (in.grad_loss != nullptr) check_loss_like(ctx, in.grad_loss, "in->grad_loss", s);
+}
+
+void check_outputs(Context &ctx, const osft_flce_inputs_t &in,
+                   const osft_flce_outputs_t &out, const Shapes &s) {
+  if (out.loss != nullptr) check_loss_like(ctx, out.loss, "out->loss", s);
+  if (out.grad_x != nullptr)
+    checked_rows(ctx, out.grad_x, "out->grad_x", s.x_dtype, s.h, in.x, "in->x");
+  if (out.grad_weight != nullptr)
+    checked_matrix(ctx, out.grad_weight, "out->grad_weight", OSFTI_F32 | s.x_dtype, s.v,
+                   s.h);
+  if (out.grad_bias != nullptr)
+    checked_vector(ctx, out.grad_bias, "out->grad_bias", OSFTI_F32 | s.x_dtype, s.v);
+  if (out.z_loss != nullptr) check_loss_like(ctx, out.z_loss, "out->z_loss", s);
+  if (out.accuracy != nullptr) check_scalar(ctx, out.accuracy, "out->accuracy");
+  if (out.argmax != nullptr)
+    check_per_token(ctx, out.argmax, "out->argmax", OSFTI_I32 | OSFTI_I64, s);
+  if (out.token_loss != nullptr)
+    check_per_token(ctx, out.token_loss, "out->token_loss", OSFTI_F32, s);
+}
+
+struct Named {
+  const char *name;
+  const DLTensor *t;
+};
+
+/* Outputs overlap neither an input nor each other. */
+void check_disjoint(const osft_flce_inputs_t &in, const osft_flce_outputs_t &out) {
+  const Named ins[6] = {{"in->x", in.x},
+                        {"in->weight", in.weight},
+                        {"in->targets", in.targets},
+                        {"in->bias", in.bias},
+                        {"in->class_weight", in.class_weight},
+                        {"in->grad_loss", in.grad_loss}};
+  const Named outs[8] = {{"out->loss", out.loss},
+                         {"out->grad_x", out.grad_x},
+                         {"out->grad_weight", out.grad_weight},
+                         {"out->grad_bias", out.grad_bias},
+                         {"out->z_loss", out.z_loss},
+                         {"out->accuracy", out.accuracy},
+                         {"out->argmax", out.argmax},
+                         {"out->token_loss", out.token_loss}};
+  for (int o = 0; o < 8; ++o) {
+    if (outs[o].t == nullptr) continue;
+    for (const Named &i : ins) check_no_overlap(i.name, i.t, outs[o].name, outs[o].t);
+    for (int p = 0; p < o; ++p)
+      check_no_overlap(outs[p].name, outs[p].t, outs[o].name, outs[o].t);
+  }
+}
+
+/* Any checked tensor as a flat vector of all its elements. */
+Vec flat(const DLTensor *t) {
+  return Vec{static_cast<char *>(t->data) + t->byte_offset, osfti_numel(t),
+             osfti_dtype_from_dl(t->dtype)};
+}
+
+Vec optional_vec(const DLTensor *t) {
+  return t != nullptr ? flat(t) : Vec{};
+}
+
+Mat optional_mat(const DLTensor *t) {
+  return t != nullptr ? as_mat(t) : Mat{};
+}
+
+float beta_for(uint32_t accumulate, uint32_t bit) {
+  return (accumulate & bit) != 0 ? 1.0f : 0.0f;
+}
+
+/* Without bf16 GEMMs (the CPU) bf16 x and W are widened to fp32 in scratch. */
+bool widens(const Flce &f, const FlceCall &c) {
+  return !flce_kernels(*f.ctx).bf16_gemm && c.x.dtype != OSFTI_F32;
+}
+
+/* Adds every scratch buffer of a call with `rows` rows per chunk. */
+FlceSlots add_slots(const Flce &f, const FlceCall &c, int64_t rows, ScratchPlan &p) {
+  static_assert(sizeof(FlceTotals) % sizeof(int64_t) == 0, "totals are 8-byte words");
+  FlceSlots s;
+  s.totals = p.add_mat(1, sizeof(FlceTotals) / sizeof(int64_t), OSFTI_I64);
+  s.token_loss = p.add_mat(1, c.m, OSFTI_F32);
+  s.token_z = p.add_mat(1, c.m, OSFTI_F32);
+  s.token_argmax = p.add_mat(1, c.m, OSFTI_I64);
+  const bool widen = widens(f, c);
+  const bool fp32_acc = f.opts.accumulator == OSFT_FLCE_ACCUMULATOR_FP32;
+  if (widen) s.w32 = p.add_mat(c.v, c.h, OSFTI_F32);
+  if (c.grad_w.data != nullptr && c.grad_w.dtype != OSFTI_F32 && fp32_acc)
+    s.gw32 = p.add_mat(c.v, c.h, OSFTI_F32);
+  if (c.grad_b.data != nullptr && c.grad_b.dtype != OSFTI_F32 && fp32_acc)
+    s.gb32 = p.add_mat(1, c.v, OSFTI_F32);
+  s.logits = p.add_mat(rows, padded_vocab(c.v), OSFTI_F32);
+  if (widen) s.x32 = p.add_mat(rows, c.h, OSFTI_F32);
+  return s;
+}
+
+/* Rows per chunk for at most `cap` rows: the caller's chunk_rows if it
+ * fits, else as few chunks as fit, balanced, rounded up to a multiple of 64
+ * rows (friendlier GEMM shapes) where that still fits. */
+int64_t choose_rows(int64_t m, int64_t cap, int64_t wanted) {
+  if (wanted > 0 && wanted <= cap) return std::min(wanted, m);
+  cap = std::min(cap, m);
+  const int64_t chunks = (m + cap - 1) / cap;
+  int64_t rows = (m + chunks - 1) / chunks;
+  const int64_t rounded = (rows + 63) / 64 * 64;
+  if (rounded <= cap) rows = rounded;
+  return std::min(rows, m);
+}
+
+}  // namespace
+
+int64_t padded_vocab(int64_t v) noexcept {
+  return (v + 15) / 16 * 16;
+}
+
+FlceCall check_call(const Flce &f, const osft_flce_inputs_t &in,
+                    const osft_flce_outputs_t &out) {
+  Context &ctx = *f.ctx;
+  const Shapes s = check_required(ctx, in, f.opts.reduction == OSFT_FLCE_NONE);
+  check_optional_inputs(ctx, in, s);
+  check_outputs(ctx, in, out, s);
+  const DLTensor *outs[8] = {out.loss,   out.grad_x,   out.grad_weight, out.grad_bias,
+                             out.z_loss, out.accuracy, out.argmax,      out.token_loss};
+  if (std::all_of(outs, outs + 8, [](const DLTensor *t) { return t == nullptr; }))
+    raise(OSFT_STATUS_INVALID_ARGUMENT, "out: no output requested");
+  check_disjoint(in, out);
+
+  FlceCall c;
+  c.x = as_mat(in.x);
+  c.w = as_mat(in.weight);
+  c.m = c.x.rows;
+  c.v = s.v;
+  c.h = s.h;
+  c.targets =
+      FlceTargets{flat(in.targets).data, c.m, osfti_dtype_from_dl(in.targets->dtype)};
+  c.bias = optional_vec(in.bias);
+  c.class_weight = optional_vec(in.class_weight);
+  c.grad_x = optional_mat(out.grad_x);
+  c.grad_w = optional_mat(out.grad_weight);
+  c.grad_b = optional_vec(out.grad_bias);
+  if (c.want_grad() && in.grad_loss != nullptr)
+    c.grad_loss = static_cast<const float *>(flat(in.grad_loss).data);
+  c.loss = optional_vec(out.loss);
+  c.z_loss = optional_vec(out.z_loss);
+  c.accuracy = optional_vec(out.accuracy);
+  c.argmax = optional_vec(out.argmax);
+  c.token_loss = optional_vec(out.token_loss);
+  c.beta_x = beta_for(out.accumulate, OSFT_FLCE_ACCUMULATE_GRAD_X);
+  c.beta_w = beta_for(out.accumulate, OSFT_FLCE_ACCUMULATE_GRAD_WEIGHT);
+  c.beta_b = beta_for(out.accumulate, OSFT_FLCE_ACCUMULATE_GRAD_BIAS);
+  return c;
+}
+
+FlcePlan plan_call(const Flce &f, const FlceCall &c) {
+  const Context &ctx = *f.ctx;
+  ScratchPlan fixed_plan;
+  add_slots(f, c, 0, fixed_plan);
+  /* Two chunk buffers, each aligned: per row plus alignment slack. */
+  const size_t fixed = fixed_plan.bytes() + 2 * ScratchPlan::alignment;
+  const size_t per_row = static_cast<size_t>(padded_vocab(c.v)) * sizeof(float) +
+                         (widens(f, c) ? static_cast<size_t>(c.h) * sizeof(float) : 0);
+  FlcePlan plan;
+  const char *bound = "opts->memory_budget";
+  plan.budget =
+      f.opts.memory_budget != 0 ? f.opts.memory_budget : fixed + kDefaultChunkBytes;
+  if (ctx.workspace_limit != 0 && ctx.workspace_limit < plan.budget) {
+    plan.budget = ctx.workspace_limit;
+    bound = "the context's workspace_limit";
+  }
+  const size_t least = fixed + (c.m > 0 ? per_row : 0);
+  if (plan.budget < least)
+    raise(OSFT_STATUS_OUT_OF_MEMORY,
+          "%s: %zu bytes; this call needs at least %zu (%zu fixed + %zu per chunk row)",
+          bound, plan.budget, least, fixed, per_row);
+  if (c.m > 0) {
+    const int64_t cap = static_cast<int64_t>(
+        std::min<size_t>((plan.budget - fixed) / per_row, static_cast<size_t>(c.m)));
+    if (cap < std::min<int64_t>(c.m, kEfficientRows))
+      log_message(OSFT_LOG_WARN,
+                  "flce: %s of %zu bytes allows only %lld rows per chunk; GEMMs lose "
+                  "efficiency below about %lld rows",
+                  bound, plan.budget, static_cast<long long>(cap),
+                  static_cast<long long>(kEfficientRows));
+    plan.chunk_rows = choose_rows(c.m, cap, f.opts.chunk_rows);
+    plan.chunks = (c.m + plan.chunk_rows - 1) / plan.chunk_rows;
+  }
+  plan.slots = add_slots(f, c, plan.chunk_rows, plan.scratch);
+  log_message(OSFT_LOG_DEBUG,
+              "flce: M = %lld, V = %lld, H = %lld: %lld chunk(s) of %lld rows, %zu bytes "
+              "of scratch (bound %zu)",
+              static_cast<long long>(c.m), static_cast<long long>(c.v),
+              static_cast<long long>(c.h), static_cast<long long>(plan.chunks),
+              static_cast<long long>(plan.chunk_rows), plan.scratch.bytes(), plan.budget);
+  return plan;
+}
+
+}  // namespace osft
