@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "core/child_handle.h"
 #include "core/error.h"
 #include "core/handle.h"
 #include "core/log.h"
@@ -134,14 +135,15 @@ Comm *register_comm(Context &ctx, Engine *engine, osft_comm_engine_t kind,
     comm->size = info.size;
     comm->timeout_seconds = opts.timeout_seconds;
     comm->stats.struct_size = sizeof comm->stats;
-    register_handle(comm, HandleKind::comm);
   } catch (...) {
     engine->release(ctx, false);
     ctx.allocator.destroy(comm);
     throw;
   }
-  ctx.live_children++;
-  comm->counted = true;
+  register_child(comm, HandleKind::comm, [&](Comm *doomed) {
+    engine->release(ctx, false);
+    ctx.allocator.destroy(doomed);
+  });
   log_message(OSFT_LOG_INFO, "created %s communicator %p: rank %d of %d",
               engine_name(kind), static_cast<void *>(comm), comm->rank, comm->size);
   return comm;
@@ -150,17 +152,12 @@ Comm *register_comm(Context &ctx, Engine *engine, osft_comm_engine_t kind,
 void destroy_comm(Comm *comm) {
   Context &ctx = *comm->ctx;
   comm->engine->release(ctx, comm->broken);
-  if (comm->counted) ctx.live_children--;
+  uncount_child(comm);
   ctx.allocator.destroy(comm);
 }
 
 Comm &checked_comm(osft_comm_t comm, const char *arg) {
-  check_handle(comm, HandleKind::comm, arg);
-  if (!is_live_handle(comm->ctx, HandleKind::context))
-    raise(OSFT_STATUS_INVALID_HANDLE,
-          "%s: its context was destroyed; destroy communicators before their context",
-          arg);
-  return *comm;
+  return checked_child(comm, HandleKind::comm, arg);
 }
 
 void comm_allreduce_sum(Comm &comm, void *buf, size_t count, osfti_dtype_t dtype) {

@@ -2,17 +2,13 @@
  * builds): copies on the context's stream. */
 #include <cuda_runtime.h>
 
+#include "cuda/check.h"
 #include "comm/comm.h"
 #include "core/error.h"
 #include "cuda/device_guard.h"
 
 namespace osft {
 namespace {
-
-void check_cuda(cudaError_t e, const char *what) {
-  if (e != cudaSuccess)
-    raise(OSFT_STATUS_BACKEND_ERROR, "%s: %s", what, cudaGetErrorString(e));
-}
 
 cudaMemcpyKind memcpy_kind(CopyKind kind) {
   switch (kind) {

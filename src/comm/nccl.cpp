@@ -12,6 +12,7 @@
 
 #include <cstring>
 
+#include "cuda/check.h"
 #include "comm/comm.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -29,11 +30,6 @@ using cuda::DeviceGuard;
 
 void check_nccl(ncclResult_t r, const char *what) {
   if (r != ncclSuccess && r != ncclInProgress) nccl_failed(r, what);
-}
-
-void check_cuda(cudaError_t e, const char *what) {
-  if (e != cudaSuccess)
-    raise(OSFT_STATUS_BACKEND_ERROR, "%s: %s", what, cudaGetErrorString(e));
 }
 
 ncclDataType_t nccl_type(osfti_dtype_t dtype) {

@@ -3,6 +3,7 @@
  * the target check, before the operation enqueues any write to an output. */
 #include <cuda_runtime.h>
 
+#include "cuda/check.h"
 #include "core/error.h"
 #include "core/flce_backend.h"
 #include "cuda/device_guard.h"
@@ -10,15 +11,6 @@
 
 namespace osft {
 namespace {
-
-cudaStream_t stream_of(const Context &ctx) noexcept {
-  return static_cast<cudaStream_t>(ctx.stream);
-}
-
-void check_cuda(cudaError_t e, const char *what) {
-  if (e != cudaSuccess)
-    raise(OSFT_STATUS_BACKEND_ERROR, "%s: %s", what, cudaGetErrorString(e));
-}
 
 FlceTotals cuda_prepare(Context &ctx, const FlcePrepare &a) {
   cuda::DeviceGuard guard(ctx.device_id);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "cuda/check.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "cuda/device_guard.h"
@@ -80,27 +81,8 @@ class SolverParams {
   cusolverDnParams_t params_ = nullptr;
 };
 
-void check_cuda(cudaError_t e, const char *what) {
-  if (e != cudaSuccess)
-    raise(OSFT_STATUS_BACKEND_ERROR, "%s: %s", what, cudaGetErrorString(e));
-}
-
-void check_blas(cublasStatus_t s, const char *what) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    raise(OSFT_STATUS_BACKEND_ERROR, "%s: %s", what, cublasGetStatusName(s));
-}
-
-void check_solver(cusolverStatus_t s, const char *what) {
-  if (s != CUSOLVER_STATUS_SUCCESS)
-    raise(OSFT_STATUS_BACKEND_ERROR, "%s: cuSOLVER status %d", what, static_cast<int>(s));
-}
-
 SolverParams::SolverParams() {
   check_solver(cusolverDnCreateParams(&params_), "cusolverDnCreateParams");
-}
-
-cudaStream_t stream_of(const Context &ctx) noexcept {
-  return static_cast<cudaStream_t>(ctx.stream);
 }
 
 /* dst = src, converting the dtype (shapes equal, strides arbitrary). */

@@ -1,5 +1,6 @@
 /* The CUDA MLP kernels of src/core/mlp_backend.h: the launchers of
  * src/cuda/mlp_kernels.cu on the context's device and stream. */
+#include "cuda/check.h"
 #include "core/mlp_backend.h"
 #include "cuda/device_guard.h"
 #include "cuda/mlp_kernels.cuh"
@@ -8,10 +9,6 @@ namespace osft {
 namespace {
 
 using mlp::Activation;
-
-cudaStream_t stream_of(const Context &ctx) noexcept {
-  return static_cast<cudaStream_t>(ctx.stream);
-}
 
 void cuda_activate(Context &ctx, Activation act, const Mat *g, const Mat &u,
                    const Mat &h) {

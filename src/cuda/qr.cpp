@@ -24,6 +24,7 @@
 #include <mutex>
 #include <vector>
 
+#include "cuda/check.h"
 #include "core/error.h"
 #include "core/qr_backend.h"
 #include "cuda/device_guard.h"
@@ -38,25 +39,6 @@ using cuda::DeviceGuard;
 constexpr int kDefaultLanes = 8;
 constexpr int kMaxStreams = 64;
 constexpr uint32_t kSkipMask = kQrFailureMask | kQrNeedsFallback;
-
-void check_cuda(cudaError_t e, const char *what) {
-  if (e != cudaSuccess)
-    raise(OSFT_STATUS_BACKEND_ERROR, "%s: %s", what, cudaGetErrorString(e));
-}
-
-void check_blas(cublasStatus_t s, const char *what) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    raise(OSFT_STATUS_BACKEND_ERROR, "%s: %s", what, cublasGetStatusName(s));
-}
-
-void check_solver(cusolverStatus_t s, const char *what) {
-  if (s != CUSOLVER_STATUS_SUCCESS)
-    raise(OSFT_STATUS_BACKEND_ERROR, "%s: cuSOLVER status %d", what, static_cast<int>(s));
-}
-
-cudaStream_t stream_of(const Context &ctx) noexcept {
-  return static_cast<cudaStream_t>(ctx.stream);
-}
 
 /* ------------------------------------------------------------------ lanes */
 

@@ -1,6 +1,7 @@
 /* Fused linear cross-entropy: options and the handle's lifetime. */
 #include <cmath>
 
+#include "core/child_handle.h"
 #include "core/error.h"
 #include "core/handle.h"
 #include "core/options.h"
@@ -58,28 +59,16 @@ Flce *create_flce(Context &ctx, const osft_flce_options_t &opts) {
   Flce *f = ctx.allocator.make<Flce>("flce handle");
   f->ctx = &ctx;
   f->opts = opts;
-  try {
-    register_handle(f, HandleKind::flce);
-  } catch (...) {
-    destroy_flce(f);
-    throw;
-  }
-  ctx.live_children++;
-  f->counted = true;
-  return f;
+  return register_child(f, HandleKind::flce, destroy_flce);
 }
 
 void destroy_flce(Flce *f) noexcept {
-  if (f->counted) f->ctx->live_children--;
+  uncount_child(f);
   f->ctx->allocator.destroy(f);
 }
 
 Flce &checked_flce(osft_flce_t flce, const char *arg) {
-  check_handle(flce, HandleKind::flce, arg);
-  if (!is_live_handle(flce->ctx, HandleKind::context))
-    raise(OSFT_STATUS_INVALID_HANDLE,
-          "%s: its context was destroyed; destroy handles before their context", arg);
-  return *flce;
+  return checked_child(flce, HandleKind::flce, arg);
 }
 
 }  // namespace osft

@@ -2,6 +2,7 @@
  * caller-owned factors), the factor views, merge, re-decomposition. */
 #include <cmath>
 
+#include "core/child_handle.h"
 #include "core/error.h"
 #include "core/handle.h"
 #include "core/options.h"
@@ -195,15 +196,7 @@ Layer *new_layer(Context &ctx, const osft_flinear_options_t &opts) {
 }
 
 Layer *register_layer(Layer *layer) {
-  try {
-    register_handle(layer, HandleKind::flinear);
-  } catch (...) {
-    destroy_layer(layer);
-    throw;
-  }
-  layer->ctx->live_children++;
-  layer->counted = true;
-  return layer;
+  return register_child(layer, HandleKind::flinear, destroy_layer);
 }
 
 }  // namespace
@@ -274,18 +267,14 @@ Layer *create_from_factors(Context &ctx, const osft_flinear_factors_t &factors,
 }
 
 void destroy_layer(Layer *layer) noexcept {
-  if (layer->counted) layer->ctx->live_children--;
+  uncount_child(layer);
   refresh(*layer);
   free_owned(*layer);
   layer->ctx->allocator.destroy(layer);
 }
 
 Layer &checked_layer(osft_flinear_t layer, const char *arg) {
-  check_handle(layer, HandleKind::flinear, arg);
-  if (!is_live_handle(layer->ctx, HandleKind::context))
-    raise(OSFT_STATUS_INVALID_HANDLE,
-          "%s: its context was destroyed; destroy layers before their context", arg);
-  return *layer;
+  return checked_child(layer, HandleKind::flinear, arg);
 }
 
 FactorViews factor_views(const Layer &layer) {

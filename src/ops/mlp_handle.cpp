@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "core/child_handle.h"
 #include "core/error.h"
 #include "core/handle.h"
 #include "core/log.h"
@@ -126,15 +127,7 @@ void check_tiling(const Mlp &m) {
 }
 
 Mlp *register_mlp(Mlp *mlp) {
-  try {
-    register_handle(mlp, HandleKind::mlp);
-  } catch (...) {
-    destroy_mlp(mlp);
-    throw;
-  }
-  mlp->ctx->live_children++;
-  mlp->counted = true;
-  return mlp;
+  return register_child(mlp, HandleKind::mlp, destroy_mlp);
 }
 
 void fill(Mlp &m, Context &ctx, int variant, int64_t hidden, int64_t inter,
@@ -228,16 +221,12 @@ Mlp *create_mlp(Context &ctx, int variant, int64_t hidden, int64_t intermediate,
 }
 
 void destroy_mlp(Mlp *mlp) noexcept {
-  Context &ctx = *mlp->ctx;
-  if (mlp->counted) ctx.live_children--;
-  ctx.allocator.destroy(mlp);
+  uncount_child(mlp);
+  mlp->ctx->allocator.destroy(mlp);
 }
 
 Mlp &checked_mlp(osft_mlp_t mlp, const char *arg) {
-  check_handle(mlp, HandleKind::mlp, arg);
-  if (!is_live_handle(mlp->ctx, HandleKind::context))
-    raise(OSFT_STATUS_INVALID_HANDLE,
-          "%s: its context was destroyed; destroy MLPs before their context", arg);
+  checked_child(mlp, HandleKind::mlp, arg);
   for (const Projection &p : mlp->proj)
     if (p.layer != nullptr && !is_live_handle(p.layer, HandleKind::flinear))
       raise(OSFT_STATUS_INVALID_HANDLE,

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/child_handle.h"
 #include "core/error.h"
 #include "core/handle.h"
 #include "core/log.h"
@@ -482,14 +483,8 @@ Projector *create_projector(Context &ctx, Comm *comm, const osft_projector_optio
   Projector *p = ctx.allocator.make<Projector>("projector", ctx);
   p->comm = comm;
   p->check_consistency = o.check_consistency != 0;
-  try {
-    register_handle(p, HandleKind::projector);
-  } catch (...) {
-    ctx.allocator.destroy(p);
-    throw;
-  }
-  ctx.live_children++;
-  p->counted = true;
+  register_child(p, HandleKind::projector,
+                 [&](Projector *doomed) { ctx.allocator.destroy(doomed); });
   if (comm != nullptr) comm->users++;
   return p;
 }
@@ -499,15 +494,12 @@ void destroy_projector(Projector *p) noexcept {
   memory_free(ctx, p->coef, p->coef_bytes);
   free_cache(*p);
   if (p->comm != nullptr) p->comm->users--;
-  if (p->counted) ctx.live_children--;
+  uncount_child(p);
   ctx.allocator.destroy(p);
 }
 
 Projector &checked_projector(osft_projector_t p, const char *arg) {
-  check_handle(p, HandleKind::projector, arg);
-  if (!is_live_handle(p->ctx, HandleKind::context))
-    raise(OSFT_STATUS_INVALID_HANDLE, "%s: its context was destroyed", arg);
-  return *p;
+  return checked_child(p, HandleKind::projector, arg);
 }
 
 int ranks(const Projector &p) noexcept {
