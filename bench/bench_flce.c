@@ -35,39 +35,12 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "bench_util.h"
 #include "osftrt/osftrt.h"
 
-#define CHECK(call)                                                 \
-  do {                                                              \
-    osft_status_t st_ = (call);                                     \
-    if (st_ != OSFT_STATUS_SUCCESS) {                               \
-      fprintf(stderr, "%s failed: %s\n", #call, osft_last_error()); \
-      exit(1);                                                      \
-    }                                                               \
-  } while (0)
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static void *checked_malloc(size_t bytes) {
-  void *p = malloc(bytes > 0 ? bytes : 1);
-  if (!p) {
-    fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
-    exit(1);
-  }
-  return p;
-}
-
 static float *fill(size_t n, float scale, unsigned seed) {
-  float *p = checked_malloc(n * sizeof(float));
-  unsigned s = seed;
-  for (size_t i = 0; i < n; ++i) {
-    s = s * 1664525u + 1013904223u;
-    p[i] = scale * (float)((s >> 8) * (1.0 / 16777216.0) - 0.5);
-  }
+  float *p = xmalloc(n * sizeof(float));
+  fill_uniform(p, n, seed, scale);
   return p;
 }
 
@@ -92,20 +65,13 @@ static void cuda_check(cudaError_t e, const char *what) {
   }
 }
 
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
 /* A device copy of n host floats, as bf16 (or fp32 if !narrow). */
 static void *upload(const float *host, size_t n, int narrow) {
   void *dev;
   const size_t bytes = n * (narrow ? 2 : 4);
   cuda_check(cudaMalloc(&dev, bytes), "cudaMalloc");
   if (narrow) {
-    uint16_t *b = checked_malloc(n * 2);
+    uint16_t *b = xmalloc(n * 2);
     for (size_t i = 0; i < n; ++i) b[i] = to_bf16(host[i]);
     cuda_check(cudaMemcpy(dev, b, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
     free(b);
@@ -126,7 +92,7 @@ static void problem_init(problem *p, int cuda, int m, int h, int v) {
   float *x = fill((size_t)m * h, 2.0f, 1u), *w = fill((size_t)v * h, 0.2f, 2u);
   float *g = fill((size_t)m * v, 1e-3f, 3u);
   float *dx = fill((size_t)m * h, 1.0f, 4u), *dw = fill((size_t)v * h, 1.0f, 5u);
-  int64_t *y = checked_malloc(sizeof(int64_t) * (size_t)m);
+  int64_t *y = xmalloc(sizeof(int64_t) * (size_t)m);
   for (int i = 0; i < m; ++i) y[i] = (int64_t)((i * 7919u) % (unsigned)v);
   if (!cuda) {
     p->x = x;
@@ -135,7 +101,7 @@ static void problem_init(problem *p, int cuda, int m, int h, int v) {
     p->dx = dx;
     p->dw = dw;
     p->y = y;
-    p->loss = checked_malloc(sizeof(float));
+    p->loss = xmalloc(sizeof(float));
     return;
   }
 #ifdef OSFT_BENCH_CUDA

@@ -21,34 +21,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "osftrt/osftrt.h"
 
-#define CHECK(call)                                                 \
-  do {                                                              \
-    osft_status_t st_ = (call);                                     \
-    if (st_ != OSFT_STATUS_SUCCESS) {                               \
-      fprintf(stderr, "%s failed: %s\n", #call, osft_last_error()); \
-      exit(1);                                                      \
-    }                                                               \
-  } while (0)
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static float *fill(size_t n) {
-  float *p = malloc(n * sizeof(float));
-  if (!p) {
-    fprintf(stderr, "out of memory\n");
-    exit(1);
-  }
-  unsigned s = 12345u;
-  for (size_t i = 0; i < n; ++i) {
-    s = s * 1664525u + 1013904223u;
-    p[i] = (float)((s >> 8) * (1.0 / 16777216.0) - 0.5);
-  }
+  float *p = xmalloc(n * sizeof(float));
+  fill_uniform(p, n, 12345u, 1.0f);
   return p;
 }
 

@@ -36,31 +36,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include "bench_util.h"
 #include "osftrt/osftrt.h"
-
-#define CHECK(call)                                                 \
-  do {                                                              \
-    osft_status_t st_ = (call);                                     \
-    if (st_ != OSFT_STATUS_SUCCESS) {                               \
-      fprintf(stderr, "%s failed: %s\n", #call, osft_last_error()); \
-      exit(1);                                                      \
-    }                                                               \
-  } while (0)
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static void *xmalloc(size_t bytes) {
-  void *p = malloc(bytes > 0 ? bytes : 1);
-  if (!p) {
-    fprintf(stderr, "out of host memory (%zu bytes)\n", bytes);
-    exit(1);
-  }
-  return p;
-}
 
 /* ------------------------------------------------------------ tensors */
 
@@ -73,13 +50,6 @@ typedef struct {
   int64_t shape[2];
   size_t bytes;
 } tensor;
-
-static uint16_t to_bf16(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
 
 /* A rows x cols tensor on the device, uniform in [-scale, scale). */
 static void make(tensor *out, const setup *s, int bf16, int64_t rows, int64_t cols,

@@ -40,6 +40,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "osftrt/osftrt.h"
 
 #define MAXP 64
@@ -47,6 +48,7 @@
 
 static int g_rank, g_size;
 
+#undef CHECK /* rank-aware, and aborts the whole job */
 #define CHECK(call)                                                                  \
   do {                                                                               \
     osft_status_t st_ = (call);                                                      \
@@ -66,19 +68,9 @@ static const struct {
                     {"o", 4096, 4096},    {"gate", 14336, 4096}, {"up", 14336, 4096},
                     {"down", 4096, 14336}};
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static float *fill(size_t n, unsigned seed) {
-  float *p = malloc((n > 0 ? n : 1) * sizeof(float));
-  if (!p) MPI_Abort(MPI_COMM_WORLD, 1);
-  for (size_t i = 0; i < n; ++i) {
-    seed = seed * 1664525u + 1013904223u;
-    p[i] = (float)((seed >> 8) * (1.0 / 16777216.0) - 0.5);
-  }
+  float *p = xmalloc(n * sizeof(float));
+  fill_uniform(p, n, seed, 1.0f);
   return p;
 }
 

@@ -41,40 +41,14 @@
 #include <cusolverDn.h>
 #endif
 
+#include "bench_util.h"
 #include "osftrt/osftrt.h"
-
-#define CHECK(call)                                                 \
-  do {                                                              \
-    osft_status_t st_ = (call);                                     \
-    if (st_ != OSFT_STATUS_SUCCESS) {                               \
-      fprintf(stderr, "%s failed: %s\n", #call, osft_last_error()); \
-      exit(1);                                                      \
-    }                                                               \
-  } while (0)
 
 #define MAX_MATS 512
 #define MAX_REPS 31
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static void *xmalloc(size_t bytes) {
-  void *p = malloc(bytes);
-  if (!p) {
-    fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
-    exit(1);
-  }
-  return p;
-}
-
 static void fill(float *p, size_t n, unsigned seed) {
-  for (size_t i = 0; i < n; ++i) {
-    seed = seed * 1664525u + 1013904223u;
-    p[i] = (float)((seed >> 8) * (1.0 / 16777216.0) - 0.5);
-  }
+  fill_uniform(p, n, seed, 1.0f);
 }
 
 /* The list: dims[i] x dims[i] matrices, fp32, in host buffers. */

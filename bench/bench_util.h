@@ -1,0 +1,55 @@
+/* Helpers the benchmarks share: status checks, a monotonic clock, host
+ * allocation that exits on failure, deterministic uniform data, bf16. */
+#ifndef OSFTRT_BENCH_UTIL_H
+#define OSFTRT_BENCH_UTIL_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "osftrt/osftrt.h"
+
+/* Exits with the library's message if a call fails. */
+#define CHECK(call)                                                 \
+  do {                                                              \
+    osft_status_t st_ = (call);                                     \
+    if (st_ != OSFT_STATUS_SUCCESS) {                               \
+      fprintf(stderr, "%s failed: %s\n", #call, osft_last_error()); \
+      exit(1);                                                      \
+    }                                                               \
+  } while (0)
+
+static inline double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static inline void *xmalloc(size_t bytes) {
+  void *p = malloc(bytes > 0 ? bytes : 1);
+  if (!p) {
+    fprintf(stderr, "out of host memory (%zu bytes)\n", bytes);
+    exit(1);
+  }
+  return p;
+}
+
+/* n values uniform in [-scale/2, scale/2) from an LCG seeded with `seed`. */
+static inline void fill_uniform(float *p, size_t n, unsigned seed, float scale) {
+  for (size_t i = 0; i < n; ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    p[i] = scale * (float)((seed >> 8) * (1.0 / 16777216.0) - 0.5);
+  }
+}
+
+/* Round to nearest even. */
+static inline uint16_t to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+#endif
