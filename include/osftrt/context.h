@@ -206,10 +206,13 @@ OSFT_API osft_status_t osft_context_synchronize(osft_context_t ctx);
 /*
  * Grows the workspace to at least `bytes` now, so that later operations do
  * not allocate (useful before graph capture or timing). Never shrinks it.
+ * Growing frees the old block before allocating the larger one, so the
+ * memory held peaks at the larger size, not at the sum of both.
  *
- * Errors: OSFT_STATUS_INVALID_HANDLE; OSFT_STATUS_OUT_OF_MEMORY if the
- * allocator fails or `bytes` exceeds the workspace limit (the old workspace
- * is kept).
+ * Errors: OSFT_STATUS_INVALID_HANDLE; OSFT_STATUS_OUT_OF_MEMORY if `bytes`
+ * exceeds the workspace limit (nothing changes) or the allocator fails (the
+ * old size is allocated again where the allocator allows, else the
+ * workspace is left empty and grows on the next demand).
  */
 OSFT_API osft_status_t osft_context_reserve_workspace(osft_context_t ctx, size_t bytes);
 

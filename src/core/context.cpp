@@ -123,10 +123,25 @@ void *workspace(Context &ctx, size_t bytes) {
           "workspace: %zu bytes needed, above the context's workspace_limit "
           "of %zu bytes",
           bytes, ctx.workspace_limit);
-  /* Allocate the new block before freeing the old one, so that a failure
-   * leaves the context as it was. */
-  void *grown = memory_alloc(ctx, bytes, "workspace");
+  /* Free first, so the peak is the larger block and not both: memory
+   * budgets then bound what is really held. If the larger block cannot be
+   * had, the old size is taken back where possible. */
+  const size_t old_bytes = ctx.workspace_bytes;
   release_workspace(ctx);
+  void *grown = nullptr;
+  try {
+    grown = memory_alloc(ctx, bytes, "workspace");
+  } catch (...) {
+    if (old_bytes > 0) {
+      try {
+        ctx.workspace = memory_alloc(ctx, old_bytes, "workspace");
+        ctx.workspace_bytes = old_bytes;
+      } catch (...) {
+        /* left empty; the next call grows it again */
+      }
+    }
+    throw;
+  }
   ctx.workspace = grown;
   ctx.workspace_bytes = bytes;
   log_message(OSFT_LOG_DEBUG, "context %p: workspace grown to %zu bytes",

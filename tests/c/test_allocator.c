@@ -150,6 +150,7 @@ static void test_failure_at_every_allocation(void **state) {
       if (k + 1 == n) {
         assert_int_equal(st, OSFT_STATUS_OUT_OF_MEMORY);
         assert_error_mentions("workspace");
+        expected = 0; /* the old block was freed and cannot be had again */
       } else if (k + 1 < n) {
         assert_int_equal(st, OSFT_STATUS_SUCCESS);
         expected = sizes[k];
@@ -165,6 +166,28 @@ static void test_failure_at_every_allocation(void **state) {
   }
 }
 
+/* A growth the allocator refuses (too big) gives the old size back. */
+static void test_refused_growth_keeps_the_old_size(void **state) {
+  (void)state;
+  test_alloc_state s;
+  test_alloc_reset(&s);
+  osft_allocator_t a;
+  test_alloc_callbacks(&a, &s, 0);
+  osft_context_options_t o;
+  assert_ok(OSFT_CONTEXT_OPTIONS_INIT(&o));
+  o.allocator = &a;
+  osft_context_t ctx = NULL;
+  assert_ok(osft_context_create(&ctx, &o));
+  assert_ok(osft_context_reserve_workspace(ctx, 1000));
+  s.fail_host_above = 4000;
+  assert_status(osft_context_reserve_workspace(ctx, 5000), OSFT_STATUS_OUT_OF_MEMORY);
+  size_t bytes = 0;
+  assert_ok(osft_context_get_workspace_size(ctx, &bytes));
+  assert_int_equal(bytes, 1000);
+  assert_ok(osft_context_destroy(ctx));
+  assert_balanced(&s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_allocator_init),
@@ -173,6 +196,7 @@ int main(void) {
       cmocka_unit_test(test_half_set_pairs_are_rejected),
       cmocka_unit_test(test_failing_context_allocation),
       cmocka_unit_test(test_failure_at_every_allocation),
+      cmocka_unit_test(test_refused_growth_keeps_the_old_size),
   };
   return cmocka_run_group_tests_name("allocator", tests, NULL, NULL);
 }

@@ -86,6 +86,7 @@ static void counted_free(void *ptr, size_t bytes, long *count, size_t *live,
 static void *host_alloc_cb(void *user, size_t bytes, size_t alignment) {
   test_alloc_state *s = user;
   if (alignment > 64) return NULL;
+  if (s->fail_host_above > 0 && bytes > s->fail_host_above) return NULL;
   return counted_alloc(bytes, &s->host_allocs, &s->fail_host_after, &s->host_bytes_live);
 }
 

@@ -60,6 +60,7 @@ typedef struct test_alloc_state_s {
   size_t host_bytes_live, device_bytes_live;
   long fail_host_after;   /* <0: never fail; n: the (n+1)-th host alloc fails */
   long fail_device_after; /* same for device allocs */
+  size_t fail_host_above; /* >0: host allocs of more bytes than this fail */
   int size_mismatch;      /* set if a free reported a size unlike its alloc */
 } test_alloc_state;
 
