@@ -1050,13 +1050,7 @@ static void test_options_and_handles(void **state) {
 static void test_memory_is_returned(void **state) {
   (void)state;
   test_alloc_state a;
-  test_alloc_reset(&a);
-  osft_allocator_t cb;
-  test_alloc_callbacks(&cb, &a, 0);
-  osft_context_options_t o;
-  assert_ok(OSFT_CONTEXT_OPTIONS_INIT(&o));
-  if (tt_device() == OSFT_DEVICE_CPU) o.allocator = &cb;
-  osft_context_t ctx = tt_context(&o);
+  osft_context_t ctx = tt_counting_context(&a);
   flce_case c = base_case(30, 5, 17, TT_BF16);
   c.bias = 1;
   c.chunk_rows = 8;

@@ -1033,13 +1033,7 @@ static void test_call_errors_write_nothing(void **state) {
 static void test_memory_is_returned(void **state) {
   (void)state;
   test_alloc_state a;
-  test_alloc_reset(&a);
-  osft_allocator_t cb;
-  test_alloc_callbacks(&cb, &a, 0);
-  osft_context_options_t o;
-  assert_ok(OSFT_CONTEXT_OPTIONS_INIT(&o));
-  if (tt_device() == OSFT_DEVICE_CPU) o.allocator = &cb;
-  osft_context_t ctx = tt_context(&o);
+  osft_context_t ctx = tt_counting_context(&a);
   test_seed("memory");
   tt *w = mat(TT_F32, 16, 12), *x = mat(TT_F32, 64, 12), *y = mat(TT_F32, 64, 16);
   tt_random(w, -1, 1);

@@ -1436,13 +1436,7 @@ static void test_workspace_limit_fails_before_writing(void **state) {
 static void test_memory_is_returned(void **state) {
   (void)state;
   test_alloc_state a;
-  test_alloc_reset(&a);
-  osft_allocator_t cb;
-  test_alloc_callbacks(&cb, &a, 0);
-  osft_context_options_t o;
-  assert_ok(OSFT_CONTEXT_OPTIONS_INIT(&o));
-  if (tt_device() == OSFT_DEVICE_CPU) o.allocator = &cb;
-  osft_context_t ctx = tt_context(&o);
+  osft_context_t ctx = tt_counting_context(&a);
   test_seed("memory returned");
   cfg c = base_cfg(OSFT_MLP_SWIGLU, TT_BF16);
   c.layers = 1 << UP;

@@ -84,6 +84,16 @@ osft_context_t tt_context(const osft_context_options_t *given) {
   return ctx;
 }
 
+osft_context_t tt_counting_context(test_alloc_state *a) {
+  test_alloc_reset(a);
+  osft_allocator_t cb;
+  test_alloc_callbacks(&cb, a, 0);
+  osft_context_options_t o;
+  assert_ok(OSFT_CONTEXT_OPTIONS_INIT(&o));
+  if (tt_device() == OSFT_DEVICE_CPU) o.allocator = &cb; /* copied at create */
+  return tt_context(&o);
+}
+
 static float bf16_to_f32(uint16_t b) {
   uint32_t u = (uint32_t)b << 16;
   float f;

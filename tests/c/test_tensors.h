@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "osftrt/osftrt.h"
+#include "test_util.h"
 
 /* dtypes by name, for brevity */
 typedef enum { TT_F32, TT_F64, TT_BF16, TT_I32, TT_I64 } tt_dtype;
@@ -28,6 +29,10 @@ osft_device_type_t tt_device(void);
 /* 1 if the device exists (always on the CPU), else prints why and returns 0. */
 int tt_device_present(void);
 osft_context_t tt_context(const osft_context_options_t *opts_or_null);
+/* A context on the device under test whose host memory, on the CPU, goes
+ * through the counting allocator of test_util.h (reset first); `a` must
+ * outlive the context. */
+osft_context_t tt_counting_context(test_alloc_state *a);
 
 /* A compact tensor of the given rank and shape. */
 tt *tt_new(tt_dtype dtype, int ndim, const int64_t *shape);
