@@ -93,7 +93,7 @@ class Corpus:
             return "..."
         el = self.by_id.get(tid)
         if el is None:
-            return "?" + tid
+            return "?" + str(tid)
         tag = el.tag
         if tag == "type-decl":
             return norm_base(el.get("name"))
@@ -118,7 +118,10 @@ class Corpus:
         if tag == "array-type-def":
             dims = "".join(
                 f"[{s.get('length', '')}]" for s in el.findall("subrange"))
-            return self.tname(el.get("element-type-id"), depth + 1) + dims
+            # libabigail 2.x names the element type `type-id`, older ones
+            # `element-type-id`.
+            element = el.get("element-type-id") or el.get("type-id")
+            return self.tname(element, depth + 1) + dims
         if tag in ("function-type", "function-decl"):
             return self.signature(el, depth + 1)
         return f"<{tag} {el.get('name', '')}>"
