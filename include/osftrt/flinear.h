@@ -33,7 +33,8 @@
  * (as a bf16 autocast would). Intermediates of the factorized strategy
  * (M x k) are stored in the compute dtype; the dense strategy's W and G are
  * fp32. Factor gradients (grad_u_low, grad_s_low, grad_v_low) have the
- * factors' dtype and are accumulated in fp32 before the single rounding.
+ * factors' dtype, or fp32 (master gradients for bf16 factors); they are
+ * accumulated in fp32 before the single rounding.
  * bias and grad_bias are fp32 or the compute dtype.
  *
  * Threading: a layer belongs to its context; use it from one thread at a
@@ -217,7 +218,7 @@ OSFT_API osft_status_t osft_flinear_forward(osft_flinear_t layer, const DLTensor
 typedef struct osft_flinear_grads_s {
   size_t struct_size;   /* sizeof(osft_flinear_grads_t) as compiled */
   DLTensor *grad_x;     /* (..., K), x's dtype */
-  DLTensor *grad_u_low; /* N x l, the factors' dtype, compact or padded rows */
+  DLTensor *grad_u_low; /* N x l, the factors' dtype or fp32; compact or padded */
   DLTensor *grad_s_low; /* l */
   DLTensor *grad_v_low; /* l x K */
   DLTensor *grad_bias;  /* N, fp32 or x's dtype */

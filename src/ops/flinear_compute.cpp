@@ -388,7 +388,9 @@ void backward(Layer &l, const DLTensor *x, const DLTensor *grad_y,
   Context &ctx = *l.ctx;
   const Mat xm = checked_rows(ctx, x, "x", kComputeDtypes, l.kin);
   const Mat gm = checked_rows(ctx, grad_y, "grad_y", kComputeDtypes, l.n, x, "x");
-  const unsigned fdt = l.factor_dtype;
+  /* fp32 factor gradients are accepted for bf16 factors (fp32 master
+   * gradients); they are then rounded nowhere. */
+  const unsigned fdt = l.factor_dtype | OSFTI_F32;
   GradViews gr;
   gr.x = grads.grad_x;
   gr.u = grads.grad_u_low;
