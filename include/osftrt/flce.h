@@ -86,9 +86,36 @@
  *     fprintf(stderr, "%s\n", osft_last_error());
  *   osft_flce_destroy(ce);
  *
- * Not yet: vocab-parallel mode (W sharded over V across ranks, with the row
- * max, sum of exponentials and target logit combined by collectives). It
- * will come as an addition to this interface.
+ * Vocab parallelism. With a communicator of P > 1 ranks in the options,
+ * W is sharded over V: rank p passes rows [vocab_offset_p, vocab_offset_p +
+ * V_p) of the global weight as in->weight (V_p >= 1 rows; uneven shards are
+ * fine; the shards must tile [0, vocab_size_global) exactly, which the call
+ * checks). x, targets (GLOBAL class ids), grad_loss and every output except
+ * grad_weight and grad_bias are the same on every rank; bias, class_weight,
+ * grad_weight and grad_bias are this rank's shard (V_p entries or rows).
+ * Every rank makes the same calls in the same order (collectives).
+ * Per chunk each rank computes its local logits and a compact per-row
+ * record (local max, sum of exponentials relative to it, the target logit
+ * and class weight when the target is in its shard else 0, the smoothing
+ * sum, the argmax candidate and its value: 8 floats), ONE all-gather per
+ * chunk collects the records of all ranks, and every rank combines them in
+ * rank order (the max trick: M = max_p m_p, S = sum_p s_p e^(m_p - M)) into
+ * the global lse, loss, z-loss and argmax (lowest global index on ties),
+ * then forms its gradient columns with the global lse. The call starts with
+ * one exchange of per-rank totals (class-weight sums, the target check,
+ * the shard bounds, the shapes and whether grad_x is requested, which must
+ * agree); every rank then chunks with the fewest rows any rank's budget
+ * allows. Argument errors a rank finds before that exchange are its own:
+ * the other ranks then wait in it until the communicator's timeout. grad_x
+ * is all-reduced (sum) ONCE at the end over the whole tensor (same bytes as
+ * per chunk, fewer collectives; a grad_x padded on any rank is reduced row
+ * by row); with OSFT_FLCE_ACCUMULATE_GRAD_X rank 0's old grad_x is the
+ * base that the gradient is added to (the other ranks' old values do not
+ * count). Results equal the single-rank ones up to rounding (the loss terms
+ * and the argmax combine in fp32). A communicator of one rank takes the
+ * single-rank path: its results are bit-identical to no communicator. On
+ * CUDA use a NCCL communicator on the same context (collectives on device
+ * buffers).
  *
  * Threading: a handle belongs to its context; use it from one thread at a
  * time (like the context). Handles on different contexts are independent.
@@ -99,6 +126,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "osftrt/comm.h"
 #include "osftrt/context.h"
 #include "osftrt/export.h"
 #include "osftrt/status.h"
@@ -157,6 +185,18 @@ typedef struct osft_flce_options_s {
    * excepted, when the budget allows); 0: as many as the budget allows,
    * balanced over the chunks. Must be >= 0. Default 0. */
   int64_t chunk_rows;
+  /* Vocab parallelism (see the top of this file): a communicator on the
+   * handle's context, or NULL (default: no vocab parallelism). The handle
+   * holds it in use (osft_comm_destroy refuses it) until the handle is
+   * destroyed. */
+  osft_comm_t comm;
+  /* The first global class of this rank's shard of W: >= 0; must be 0
+   * without comm. Default 0. */
+  int64_t vocab_offset;
+  /* The global number of classes V (the sum of the shard sizes). With comm:
+   * > vocab_offset; with a one-rank comm 0 or in->weight's rows (0: V is
+   * in->weight's rows). Without comm: 0. Default 0. */
+  int64_t vocab_size_global;
 } osft_flce_options_t;
 
 /* Fills *opts with the defaults above for a struct of struct_size bytes.
@@ -172,7 +212,11 @@ OSFT_API osft_status_t osft_flce_options_init(osft_flce_options_t *opts,
  * Errors (*flce untouched): OSFT_STATUS_INVALID_HANDLE (ctx),
  * OSFT_STATUS_INVALID_ARGUMENT (flce NULL; label_smoothing outside [0, 1];
  * z_loss_scale negative or not finite; softcap negative or not finite;
- * unknown reduction or accumulator; chunk_rows < 0),
+ * unknown reduction or accumulator; chunk_rows < 0; vocab_offset < 0;
+ * vocab_offset or vocab_size_global not 0 without comm; vocab_size_global
+ * <= vocab_offset with a comm of more than one rank; vocab_offset not 0 or
+ * vocab_size_global negative with a one-rank comm; comm on another
+ * context), OSFT_STATUS_INVALID_HANDLE (comm not a live communicator),
  * OSFT_STATUS_INVALID_STRUCT_SIZE, OSFT_STATUS_OUT_OF_MEMORY.
  */
 OSFT_API osft_status_t osft_flce_create(osft_context_t ctx,
@@ -279,7 +323,16 @@ OSFT_API osft_status_t osft_flce_outputs_init(osft_flce_outputs_t *out,
  *   OSFT_STATUS_BAD_LAYOUT, OSFT_STATUS_DEVICE_MISMATCH,
  *   OSFT_STATUS_ALIASING (an output overlaps an input or another output),
  *   OSFT_STATUS_INDEX_OUT_OF_RANGE (a target outside [0, V) that is not
- *     ignore_index; the message names the first such token and its value),
+ *     ignore_index; the message names the first such token and its value;
+ *     V is the global vocab_size_global with vocab parallelism),
+ *   OSFT_STATUS_SHAPE_MISMATCH also when the ranks' shards do not tile
+ *     [0, vocab_size_global), or the ranks' vocab_size_global or x shapes
+ *     differ (every rank fails alike), or a one-rank comm has a
+ *     vocab_size_global other than 0 and in->weight's rows,
+ *   OSFT_STATUS_INVALID_ARGUMENT also when out->grad_x is requested (or
+ *     typed) differently on different ranks (every rank fails alike),
+ *   OSFT_STATUS_COMM_ERROR, OSFT_STATUS_TIMEOUT (a collective failed; the
+ *     outputs may then be partly written),
  *   OSFT_STATUS_OUT_OF_MEMORY (the budget or workspace_limit is below the
  *     minimum for one row, or the allocator failed),
  *   OSFT_STATUS_NOT_SUPPORTED (a dimension beyond the CPU BLAS's 32 bits),
@@ -302,7 +355,9 @@ typedef struct osft_flce_plan_s {
 /*
  * Validates `in` and `out` as osft_flce_compute() would (except the target
  * values, which stay on the device) and describes the call in *plan.
- * Computes and writes nothing else. Errors: as for osft_flce_compute, plus
+ * Computes and writes nothing else; with vocab parallelism it plans this
+ * rank alone (no collective), and the call then chunks with the fewest rows
+ * over the ranks. Errors: as for osft_flce_compute, plus
  * OSFT_STATUS_INVALID_ARGUMENT (plan NULL) and OSFT_STATUS_INVALID_STRUCT_SIZE
  * (plan), minus OSFT_STATUS_INDEX_OUT_OF_RANGE.
  */

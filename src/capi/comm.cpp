@@ -129,7 +129,9 @@ OSFT_API osft_status_t osft_comm_destroy(osft_comm_t comm) {
     osft::Comm &c = osft::checked_comm(comm, "comm");
     if (c.users > 0)
       raise(OSFT_STATUS_INVALID_ARGUMENT,
-            "comm: still used by %d projector(s); destroy them first", c.users);
+            "comm: still used by %d handle(s) (projectors, cross-entropy handles); "
+            "destroy them first",
+            c.users);
     if (!osft::unregister_handle(comm, osft::HandleKind::comm))
       raise(OSFT_STATUS_INVALID_HANDLE, "comm: not a live communicator handle");
     osft::destroy_comm(comm);

@@ -119,7 +119,7 @@ struct osft_comm_s {
   double timeout_seconds = 300.0;
   bool broken = false;          /* a collective failed: refuse further ones */
   char broken_reason[512] = {}; /* the first failure's message */
-  int users = 0;                /* projectors that use this communicator */
+  int users = 0;                /* projectors and cross-entropy handles that use it */
   bool counted = false;         /* registered and counted in ctx->live_children */
   osft_comm_stats_t stats{};
 };

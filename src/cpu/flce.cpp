@@ -242,8 +242,20 @@ int64_t target_of(const FlceTargets &t, int64_t i) {
                               : static_cast<const int64_t *>(t.data)[i];
 }
 
+/* The local statistics of a row over this rank's columns; `y` is the
+ * target's local column (outside [0, V) when another rank holds it). */
+OSFT_INLINE RowStats local_stats(const RowSetup &s, float *z, int64_t y, float *buf) {
+  RowStats st;
+  const int64_t v = s.a->loss.vocab;
+  for (int64_t j0 = 0; j0 < v; j0 += kBlock) {
+    const int n = block_len(v, j0);
+    add_block(s, block_values(s, z, j0, n, buf), j0, n, y, st);
+  }
+  return st;
+}
+
 /* Statistics, per-token results and (with want_grad) the gradient of one
- * row, in place over its logits. */
+ * row, in place over its logits; with vocab parallelism one phase of it. */
 OSFT_FLCE_CLONES
 void one_row(const RowSetup &s, int64_t i) {
   const FlceRowPass &a = *s.a;
@@ -251,15 +263,30 @@ void one_row(const RowSetup &s, int64_t i) {
   const int64_t tok = a.first_token + i, v = L.vocab;
   const int64_t y = target_of(a.targets, tok);
   const bool ignored = y == L.ignore_index;
+  const int64_t yl = y - L.vocab_offset; /* the target's local column */
+  const bool mine = !ignored && yl >= 0 && yl < v;
   float *z = static_cast<float *>(a.logits.data) + i * a.logits.ld;
   float buf[kBlock];
   RowStats st;
-  for (int64_t j0 = 0; j0 < v; j0 += kBlock) {
-    const int n = block_len(v, j0);
-    add_block(s, block_values(s, z, j0, n, buf), j0, n, y, st);
+  double wy = mine ? (s.weights != nullptr ? s.weights[yl] : 1.0) : 0.0;
+  if (a.phase != FlceRowPhase::finish) st = local_stats(s, z, yl, buf);
+  if (a.phase == FlceRowPhase::records) {
+    flce_pack_record(a.records + i * kFlceRecordWords, st.max, st.sum,
+                     mine ? st.target : 0.0f, static_cast<float>(wy),
+                     static_cast<float>(st.weighted), st.best,
+                     L.vocab_offset + st.best_j);
+    return;
+  }
+  if (a.phase == FlceRowPhase::finish) {
+    const FlceCombined c = flce_combine(a.gathered, a.ranks, a.logits.rows, i);
+    st.max = c.max;
+    st.sum = c.sum;
+    st.target = c.target;
+    st.weighted = c.smooth;
+    st.best_j = c.best_j;
+    wy = ignored ? 0.0 : c.weight;
   }
   const double lse = st.max + std::log(static_cast<double>(st.sum));
-  const double wy = ignored ? 0.0 : s.weights != nullptr ? s.weights[y] : 1.0;
   const double zl = ignored ? 0.0 : L.z_scale * lse * lse;
   const double ce = (1.0 - L.smoothing) * wy * (lse - st.target) +
                     L.eps * (lse * s.weight_sum - st.weighted);
@@ -280,7 +307,7 @@ void one_row(const RowSetup &s, int64_t i) {
                    static_cast<float>(c * (1.0 - L.smoothing) * wy)};
   for (int64_t j0 = 0; j0 < v; j0 += kBlock) {
     const int n = block_len(v, j0);
-    grad_block(s, gr, block_values(s, z, j0, n, buf), j0, n, y, z + j0);
+    grad_block(s, gr, block_values(s, z, j0, n, buf), j0, n, yl, z + j0);
   }
 }
 
@@ -324,7 +351,7 @@ void cpu_rows(Context &, const FlceRowPass &a) {
   s.scale = !a.loss.mean          ? upstream
             : t.denominator > 0.0 ? upstream / t.denominator
                                   : 0.0;
-  if (a.want_grad && a.grad_dtype != OSFTI_F32)
+  if (a.want_grad && a.phase != FlceRowPhase::records && a.grad_dtype != OSFTI_F32)
     raise(OSFT_STATUS_INTERNAL_ERROR, "flce CPU row pass: fp32 gradients only");
   /* Rows cost ~V each; a few per thread make spawning worth it. */
   parallel_for(a.logits.rows, 4, [&s](int64_t begin, int64_t end) {
@@ -345,13 +372,14 @@ FlceTotals cpu_prepare(Context &, const FlcePrepare &a) {
   for (int64_t i = 0; i < a.targets.n; ++i) {
     const int64_t y = target_of(a.targets, i);
     if (y == a.loss.ignore_index) continue;
-    if (y < 0 || y >= a.loss.vocab) {
+    if (y < 0 || y >= a.loss.vocab_global) {
       t.first_bad = i;
       t.bad_value = y;
       break;
     }
     t.valid++;
-    t.denominator += w != nullptr ? w[y] : 1.0;
+    const int64_t yl = y - a.loss.vocab_offset; /* in this rank's shard? */
+    if (yl >= 0 && yl < a.loss.vocab) t.denominator += w != nullptr ? w[yl] : 1.0;
   }
   *a.totals = t;
   return t;

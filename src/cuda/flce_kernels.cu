@@ -75,7 +75,7 @@ struct Min {
 template <class T>
 __global__ void __launch_bounds__(kSingleBlockThreads)
     prepare_kernel(const T *targets, int64_t n, const float *weights, int64_t vocab,
-                   int64_t ignore, FlceTotals *out) {
+                   int64_t offset, int64_t global, int64_t ignore, FlceTotals *out) {
   __shared__ double dshared[kMaxWarps];
   __shared__ long long lshared[kMaxWarps];
   double wsum = 0.0, denom = 0.0;
@@ -85,12 +85,13 @@ __global__ void __launch_bounds__(kSingleBlockThreads)
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const int64_t y = targets[i];
     if (y == ignore) continue;
-    if (y < 0 || y >= vocab) {
+    if (y < 0 || y >= global) {
       bad = bad < i ? bad : i;
       continue;
     }
     valid++;
-    denom += weights != nullptr ? weights[y] : 1.0;
+    const int64_t yl = y - offset; /* in this rank's shard? */
+    if (yl >= 0 && yl < vocab) denom += weights != nullptr ? weights[yl] : 1.0;
   }
   wsum = block_reduce(wsum, Add{}, dshared);
   denom = block_reduce(denom, Add{}, dshared);
@@ -108,7 +109,12 @@ __global__ void __launch_bounds__(kSingleBlockThreads)
 
 struct RowParams {
   float *logits;
-  int64_t ld, vocab, first_token;
+  int64_t ld, vocab, first_token, offset;
+  FlceRowPhase phase;
+  float *records;
+  const float *gathered;
+  int ranks;
+  int64_t rows;
   const void *targets;
   bool targets64;
   int64_t ignore;
@@ -267,17 +273,9 @@ __device__ void write_gradient(const RowParams &p, const GradCoef &c, float *z) 
   if (j < p.vocab) store1(out, j, grad_at(p, c, raw, j));
 }
 
-template <class G>
-__global__ void __launch_bounds__(kMaxRowThreads) rows_kernel(RowParams p) {
-  __shared__ Stats shared[kMaxWarps];
-  __shared__ float target_logit;
-  const int64_t row = blockIdx.x, tok = p.first_token + row;
-  const int64_t y = target_at(p.targets, p.targets64, tok);
-  /* targets were checked; the range test only keeps a bad one harmless */
-  const bool counted = y != p.ignore && y >= 0 && y < p.vocab;
-  float *z = p.logits + row * p.ld;
-  if (threadIdx.x == 0) target_logit = counted ? logit(p, z[y], y) : 0.0f;
-
+/* The statistics of a row over this rank's columns (every thread gets
+ * them). */
+__device__ Stats row_stats(const RowParams &p, const float *z, Stats *shared) {
   Stats st = Stats::empty();
   const int64_t nvec = p.vocab / 4;
   const float4 *z4 = reinterpret_cast<const float4 *>(z);
@@ -291,10 +289,46 @@ __global__ void __launch_bounds__(kMaxRowThreads) rows_kernel(RowParams p) {
   }
   for (int64_t j = 4 * nvec + threadIdx.x; j < p.vocab; j += blockDim.x)
     st.push(p, logit(p, z[j], j), j);
-  st = block_stats(st, shared); /* its barrier also publishes target_logit */
+  return block_stats(st, shared);
+}
 
+template <class G>
+__global__ void __launch_bounds__(kMaxRowThreads) rows_kernel(RowParams p) {
+  __shared__ Stats shared[kMaxWarps];
+  __shared__ float target_logit;
+  __shared__ FlceCombined combined;
+  const int64_t row = blockIdx.x, tok = p.first_token + row;
+  const int64_t y = target_at(p.targets, p.targets64, tok);
+  const bool ignored = y == p.ignore;
+  const int64_t yl = y - p.offset; /* the target's local column */
+  /* targets were checked; the range test only keeps a bad one harmless */
+  const bool mine = !ignored && yl >= 0 && yl < p.vocab;
+  float *z = p.logits + row * p.ld;
+  float wy = mine ? class_weight(p, yl) : 0.0f;
+  Stats st = Stats::empty();
+  if (p.phase != FlceRowPhase::finish) {
+    if (threadIdx.x == 0) target_logit = mine ? logit(p, z[yl], yl) : 0.0f;
+    st = row_stats(p, z, shared); /* its barrier also publishes target_logit */
+  }
+  if (p.phase == FlceRowPhase::records) {
+    if (threadIdx.x == 0)
+      flce_pack_record(p.records + row * kFlceRecordWords, st.max, st.sum, target_logit,
+                       wy, st.wz, st.best, p.offset + st.best_j);
+    return;
+  }
+  if (p.phase == FlceRowPhase::finish) {
+    if (threadIdx.x == 0) combined = flce_combine(p.gathered, p.ranks, p.rows, row);
+    __syncthreads();
+    st.max = combined.max;
+    st.sum = combined.sum;
+    st.wz = combined.smooth;
+    st.best_j = combined.best_j;
+    wy = ignored ? 0.0f : combined.weight;
+    if (threadIdx.x == 0) target_logit = combined.target;
+  }
+  /* counted: the token is not ignored (its target may lie in another shard) */
+  const bool counted = p.phase == FlceRowPhase::finish ? !ignored : mine;
   const float lse = st.max + logf(st.sum);
-  const float wy = counted ? class_weight(p, y) : 0.0f;
   const double wsum = p.totals->weight_sum;
   if (threadIdx.x == 0) {
     const float zl = counted ? p.z_scale * lse * lse : 0.0f;
@@ -317,7 +351,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) rows_kernel(RowParams p) {
                   2.0f * p.z_scale * lse);
   c.ce = scale * p.eps;
   c.cy = scale * (1.0f - p.smoothing) * wy;
-  c.y = counted ? y : -1;
+  c.y = mine ? yl : -1;
   c.zero = !counted || scale == 0.0f;
   write_gradient<G>(p, c, z);
 }
@@ -392,11 +426,11 @@ void launch_flce_prepare(cudaStream_t stream, const FlcePrepare &a) {
   if (a.targets.dtype == OSFTI_I64)
     prepare_kernel<int64_t><<<1, kSingleBlockThreads, 0, stream>>>(
         static_cast<const int64_t *>(a.targets.data), a.targets.n, w, a.loss.vocab,
-        a.loss.ignore_index, a.totals);
+        a.loss.vocab_offset, a.loss.vocab_global, a.loss.ignore_index, a.totals);
   else
     prepare_kernel<int32_t><<<1, kSingleBlockThreads, 0, stream>>>(
         static_cast<const int32_t *>(a.targets.data), a.targets.n, w, a.loss.vocab,
-        a.loss.ignore_index, a.totals);
+        a.loss.vocab_offset, a.loss.vocab_global, a.loss.ignore_index, a.totals);
   check_launch("flce prepare");
 }
 
@@ -407,6 +441,12 @@ void launch_flce_rows(cudaStream_t stream, const FlceRowPass &a) {
   p.ld = a.logits.ld;
   p.vocab = a.loss.vocab;
   p.first_token = a.first_token;
+  p.offset = a.loss.vocab_offset;
+  p.phase = a.phase;
+  p.records = a.records;
+  p.gathered = a.gathered;
+  p.ranks = a.ranks;
+  p.rows = a.logits.rows;
   p.targets = a.targets.data;
   p.targets64 = a.targets.dtype == OSFTI_I64;
   p.ignore = a.loss.ignore_index;
@@ -429,7 +469,7 @@ void launch_flce_rows(cudaStream_t stream, const FlceRowPass &a) {
   p.tok_argmax = a.tokens.argmax;
   const dim3 grid(static_cast<unsigned>(a.logits.rows));
   const unsigned threads = row_threads(a.loss.vocab);
-  if (a.grad_dtype == OSFTI_BF16)
+  if (a.grad_dtype == OSFTI_BF16 && a.phase != FlceRowPhase::records)
     rows_kernel<bf16_t><<<grid, threads, 0, stream>>>(p);
   else
     rows_kernel<float><<<grid, threads, 0, stream>>>(p);

@@ -52,11 +52,13 @@ FlceCall check_call(const Flce &f, const osft_flce_inputs_t &in,
 /* Scratch slots of a call (-1: not needed). */
 struct FlceSlots {
   int totals = -1, token_loss = -1, token_z = -1, token_argmax = -1;
-  int logits = -1; /* chunk x Vp fp32 */
-  int x32 = -1;    /* chunk x H fp32: x widened (no bf16 GEMM) */
-  int w32 = -1;    /* V x H fp32: W widened (no bf16 GEMM) */
-  int gw32 = -1;   /* V x H fp32: grad_weight accumulator */
-  int gb32 = -1;   /* V fp32: grad_bias accumulator */
+  int logits = -1;   /* chunk x Vp fp32 */
+  int x32 = -1;      /* chunk x H fp32: x widened (no bf16 GEMM) */
+  int w32 = -1;      /* V x H fp32: W widened (no bf16 GEMM) */
+  int gw32 = -1;     /* V x H fp32: grad_weight accumulator */
+  int gb32 = -1;     /* V fp32: grad_bias accumulator */
+  int records = -1;  /* vocab parallelism: chunk x kFlceRecordWords fp32 */
+  int gathered = -1; /* ranks x chunk x kFlceRecordWords fp32 */
 };
 
 struct FlcePlan {
@@ -70,17 +72,19 @@ struct FlcePlan {
  * OSFT_STATUS_OUT_OF_MEMORY if one row does not fit. */
 FlcePlan plan_call(const Flce &f, const FlceCall &call);
 
+/* The number of ranks W is sharded over (1: the single-rank path). */
+int vocab_ranks(const Flce &f) noexcept;
+
 /* The logits row stride: V rounded up so rows stay 64-byte aligned. */
 int64_t padded_vocab(int64_t v) noexcept;
 
 /* ---- computation (flce_compute.cpp)
- * Vocab-parallel mode (not yet; it needs the communicators): W sharded over
- * V, each rank runs the same chunks over its classes. The row pass would
- * split at its statistics: per row (max, sum of exponentials, target logit,
- * smoothing sum, argmax) into a chunk x 5 buffer, combined across ranks
- * (all-reduce of the max, then of the rescaled sums), then the gradient
- * pass with the global lse; grad_x partial sums all-reduced, grad_W and
- * grad_b stay sharded. */
+ * Vocab-parallel mode (opts.comm of more than one rank): W sharded over V,
+ * each rank runs the same chunks over its classes. The row pass splits at
+ * its statistics: a per-row record (FlceRecordWord) per rank, one
+ * all-gather per chunk, every rank combining them into the global lse,
+ * then the gradient pass with it; grad_x partial sums are all-reduced once
+ * at the end; grad_W and grad_b stay sharded. */
 void compute(Flce &f, const osft_flce_inputs_t &in, const osft_flce_outputs_t &out);
 
 }  // namespace osft

@@ -5,7 +5,9 @@
  * Nothing the caller passed is written before the targets have been
  * checked. */
 #include <algorithm>
+#include <vector>
 
+#include "comm/comm.h"
 #include "core/error.h"
 #include "ops/flce.h"
 
@@ -16,15 +18,27 @@ FlceLoss loss_params(const Flce &f, int64_t v) {
   const osft_flce_options_t &o = f.opts;
   FlceLoss p;
   p.vocab = v;
+  const bool sharded = vocab_ranks(f) > 1;
+  p.vocab_offset = sharded ? o.vocab_offset : 0;
+  p.vocab_global = sharded ? o.vocab_size_global : v;
   p.ignore_index = o.ignore_index;
   p.smoothing = static_cast<float>(o.label_smoothing);
-  p.eps = static_cast<float>(o.label_smoothing / static_cast<double>(v));
+  p.eps = static_cast<float>(o.label_smoothing / static_cast<double>(p.vocab_global));
   p.z_scale = static_cast<float>(o.z_loss_scale);
   p.softcap = static_cast<float>(o.softcap);
   p.mean = o.reduction == OSFT_FLCE_MEAN;
   p.per_token = o.reduction == OSFT_FLCE_NONE;
   return p;
 }
+
+/* What each rank contributes to the call's totals, and what every rank
+ * must agree on so that all make the same collectives (vocab parallelism). */
+struct RankTotals {
+  double weight_sum, denominator;
+  int64_t first_bad, bad_value, offset, rows, global, m, h, chunk_rows;
+  int64_t grad_x_dtype; /* -1: no grad_x */
+  int64_t grad_x_compact;
+};
 
 /* Where a gradient is summed over the chunks: the caller's tensor, or an
  * fp32 scratch accumulator cast into it at the end. */
@@ -43,7 +57,9 @@ class Run {
         k_(flce_kernels(ctx_)),
         call_(call),
         plan_(plan),
-        loss_(loss_params(f, call.v)) {}
+        loss_(loss_params(f, call.v)),
+        comm_(vocab_ranks(f) > 1 ? f.opts.comm : nullptr),
+        chunk_rows_(plan.chunk_rows) {}
 
   void run() {
     totals_ = static_cast<FlceTotals *>(mat(plan_.slots.totals).data);
@@ -52,9 +68,10 @@ class Run {
     tokens_.argmax = static_cast<int64_t *>(mat(plan_.slots.token_argmax).data);
     check_targets(); /* the last check: outputs are written from here on */
     start_gradients();
-    for (int64_t first = 0; first < call_.m; first += plan_.chunk_rows)
-      chunk(first, std::min(plan_.chunk_rows, call_.m - first));
+    for (int64_t first = 0; first < call_.m; first += chunk_rows_)
+      chunk(first, std::min(chunk_rows_, call_.m - first));
     finish_gradients();
+    reduce_grad_x();
     finalize();
   }
 
@@ -71,13 +88,97 @@ class Run {
     a.targets = call_.targets;
     a.class_weight = call_.class_weight;
     a.totals = totals_;
-    const FlceTotals t = k_.prepare(ctx_, a);
+    FlceTotals t = k_.prepare(ctx_, a);
+    if (comm_ != nullptr) t = combine_totals(t);
     if (t.first_bad >= 0)
       raise(OSFT_STATUS_INDEX_OUT_OF_RANGE,
             "in->targets: token %lld has target %lld, outside [0, %lld) and not the "
             "ignore_index %lld",
             static_cast<long long>(t.first_bad), static_cast<long long>(t.bad_value),
-            static_cast<long long>(call_.v), static_cast<long long>(loss_.ignore_index));
+            static_cast<long long>(loss_.vocab_global),
+            static_cast<long long>(loss_.ignore_index));
+  }
+
+  /* Vocab parallelism: one exchange of every rank's partial totals and
+   * shapes (exact bytes; every rank sums them in rank order, so all get the
+   * same values and fail alike): the shards must tile [0, V), the ranks
+   * agree on what decides their collectives, and chunk with the fewest rows
+   * any rank's budget allows. The combined totals go back to the kernels. */
+  FlceTotals combine_totals(FlceTotals t) {
+    const Mat &gx = call_.grad_x;
+    const RankTotals mine{t.weight_sum,
+                          t.denominator,
+                          t.first_bad,
+                          t.bad_value,
+                          loss_.vocab_offset,
+                          call_.v,
+                          loss_.vocab_global,
+                          call_.m,
+                          call_.h,
+                          plan_.chunk_rows,
+                          gx.data != nullptr ? static_cast<int64_t>(gx.dtype) : -1,
+                          gx.data != nullptr && gx.ld == gx.cols ? 1 : 0};
+    std::vector<RankTotals> all(static_cast<size_t>(comm_->size));
+    comm_exchange_host(*comm_, &mine, sizeof mine, all.data());
+    check_agreement(all);
+    check_shards(all);
+    t.weight_sum = t.denominator = 0.0;
+    for (const RankTotals &r : all) {
+      t.weight_sum += r.weight_sum;
+      t.denominator += r.denominator;
+      chunk_rows_ = std::min(chunk_rows_, r.chunk_rows);
+      grad_x_compact_ = grad_x_compact_ && r.grad_x_compact != 0;
+    }
+    copy_from_host(ctx_, totals_, &t, sizeof t);
+    return t;
+  }
+
+  /* What decides the collectives (and V) must match rank 0's. */
+  static void check_agreement(const std::vector<RankTotals> &all) {
+    const RankTotals &r0 = all[0];
+    for (size_t p = 1; p < all.size(); ++p) {
+      const RankTotals &r = all[p];
+      if (r.global != r0.global)
+        raise(OSFT_STATUS_SHAPE_MISMATCH,
+              "opts->vocab_size_global: %lld on rank %zu, %lld on rank 0",
+              static_cast<long long>(r.global), p, static_cast<long long>(r0.global));
+      if (r.m != r0.m || r.h != r0.h)
+        raise(OSFT_STATUS_SHAPE_MISMATCH,
+              "in->x: %lld x %lld on rank %zu, %lld x %lld on rank 0 (x is replicated)",
+              static_cast<long long>(r.m), static_cast<long long>(r.h), p,
+              static_cast<long long>(r0.m), static_cast<long long>(r0.h));
+      if (r.grad_x_dtype != r0.grad_x_dtype)
+        raise(OSFT_STATUS_INVALID_ARGUMENT,
+              "out->grad_x: requested or typed differently on rank %zu and rank 0", p);
+    }
+  }
+
+  /* The shards must tile [0, V): each inside it, none overlapping, all
+   * rows accounted for. */
+  static void check_shards(const std::vector<RankTotals> &all) {
+    int64_t covered = 0;
+    const int64_t global = all[0].global;
+    for (const RankTotals &r : all) {
+      covered += r.rows;
+      if (r.offset + r.rows > global)
+        raise(OSFT_STATUS_SHAPE_MISMATCH,
+              "in->weight: %lld rows from opts->vocab_offset %lld exceed "
+              "opts->vocab_size_global %lld",
+              static_cast<long long>(r.rows), static_cast<long long>(r.offset),
+              static_cast<long long>(global));
+      for (const RankTotals &q : all)
+        if (&q != &r && q.offset < r.offset + r.rows && r.offset < q.offset + q.rows)
+          raise(OSFT_STATUS_SHAPE_MISMATCH,
+                "in->weight: the shards at opts->vocab_offset %lld (%lld rows) and %lld "
+                "(%lld rows) overlap",
+                static_cast<long long>(r.offset), static_cast<long long>(r.rows),
+                static_cast<long long>(q.offset), static_cast<long long>(q.rows));
+    }
+    if (covered != global)
+      raise(OSFT_STATUS_SHAPE_MISMATCH,
+            "in->weight: the ranks' shards hold %lld rows in all, not "
+            "opts->vocab_size_global %lld",
+            static_cast<long long>(covered), static_cast<long long>(global));
   }
 
   Accumulator accumulator(const Mat &target, int slot, float beta) const {
@@ -120,11 +221,20 @@ class Run {
     Mat logits = rows_of(mat(plan_.slots.logits), 0, rows);
     logits.cols = call_.v;
     be_.gemm(ctx_, Op::N, xc, Op::T, weight_, 1.0f, 0.0f, logits);
-    row_pass(first, logits);
+    if (comm_ != nullptr) {
+      row_pass(first, logits, FlceRowPhase::records);
+      const int64_t count = rows * kFlceRecordWords;
+      const std::vector<int64_t> counts(static_cast<size_t>(comm_->size), count);
+      comm_allgather(*comm_, mat(plan_.slots.records).data,
+                     mat(plan_.slots.gathered).data, counts.data(), OSFTI_F32);
+      row_pass(first, logits, FlceRowPhase::finish);
+    } else {
+      row_pass(first, logits, FlceRowPhase::full);
+    }
     if (!call_.want_grad()) return;
     const Mat g = gradient_view(logits);
     if (call_.grad_x.data != nullptr)
-      be_.gemm(ctx_, Op::N, g, Op::N, weight_, 1.0f, call_.beta_x,
+      be_.gemm(ctx_, Op::N, g, Op::N, weight_, 1.0f, grad_x_beta(),
                rows_of(call_.grad_x, first, rows));
     if (gw_.target.data != nullptr) {
       be_.gemm(ctx_, Op::T, g, Op::N, xc, 1.0f, gw_.beta, gw_.acc);
@@ -137,9 +247,37 @@ class Run {
     }
   }
 
-  void row_pass(int64_t first, const Mat &logits) const {
+  /* Rank 0 keeps the caller's beta (its old grad_x is the base); the other
+   * ranks write their partial sums only. */
+  float grad_x_beta() const noexcept {
+    return comm_ != nullptr && comm_->rank != 0 ? 0.0f : call_.beta_x;
+  }
+
+  /* Sums grad_x over the ranks once, in place: one all-reduce when it is
+   * compact on every rank, else one per row (padding is not ours to touch). */
+  void reduce_grad_x() const {
+    const Mat &gx = call_.grad_x;
+    if (comm_ == nullptr || gx.data == nullptr || gx.rows == 0) return;
+    const size_t elem = gx.dtype == OSFTI_F32 ? 4 : 2;
+    if (grad_x_compact_) {
+      comm_allreduce_sum(*comm_, gx.data, static_cast<size_t>(gx.rows * gx.cols),
+                         gx.dtype);
+      return;
+    }
+    for (int64_t r = 0; r < gx.rows; ++r)
+      comm_allreduce_sum(*comm_, static_cast<char *>(gx.data) + r * gx.ld * elem,
+                         static_cast<size_t>(gx.cols), gx.dtype);
+  }
+
+  void row_pass(int64_t first, const Mat &logits, FlceRowPhase phase) const {
     FlceRowPass a;
     a.loss = loss_;
+    a.phase = phase;
+    if (comm_ != nullptr) {
+      a.records = static_cast<float *>(mat(plan_.slots.records).data);
+      a.gathered = static_cast<const float *>(mat(plan_.slots.gathered).data);
+      a.ranks = comm_->size;
+    }
     a.logits = logits;
     a.want_grad = call_.want_grad();
     a.grad_dtype = grad_dtype();
@@ -178,6 +316,9 @@ class Run {
   const FlceCall &call_;
   const FlcePlan &plan_;
   const FlceLoss loss_;
+  Comm *comm_;         /* vocab parallelism over more than one rank, else nullptr */
+  int64_t chunk_rows_; /* the plan's, or the fewest over the ranks */
+  bool grad_x_compact_ = true; /* grad_x has no row padding on any rank */
   FlceTotals *totals_ = nullptr;
   FlceTokens tokens_;
   Mat weight_; /* W as the GEMMs take it */

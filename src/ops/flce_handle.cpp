@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/handle.h"
 #include "core/options.h"
+#include "comm/comm.h"
 #include "ops/flce.h"
 
 namespace osft {
@@ -45,6 +46,39 @@ void check_options(const osft_flce_options_t &o) {
           static_cast<long long>(o.chunk_rows));
 }
 
+/* The vocab-parallel fields: the comm is checked at creation (its context). */
+void check_vocab(Context &ctx, const osft_flce_options_t &o) {
+  if (o.comm == nullptr) {
+    if (o.vocab_offset != 0 || o.vocab_size_global != 0)
+      raise(OSFT_STATUS_INVALID_ARGUMENT,
+            "opts->vocab_offset, opts->vocab_size_global: %lld, %lld; must be 0 "
+            "without opts->comm",
+            static_cast<long long>(o.vocab_offset),
+            static_cast<long long>(o.vocab_size_global));
+    return;
+  }
+  const Comm &c = checked_comm(o.comm, "opts->comm");
+  if (c.ctx != &ctx)
+    raise(OSFT_STATUS_INVALID_ARGUMENT, "opts->comm: belongs to another context");
+  if (o.vocab_offset < 0)
+    raise(OSFT_STATUS_INVALID_ARGUMENT, "opts->vocab_offset: %lld is negative",
+          static_cast<long long>(o.vocab_offset));
+  if (c.size > 1 && o.vocab_size_global <= o.vocab_offset)
+    raise(OSFT_STATUS_INVALID_ARGUMENT,
+          "opts->vocab_size_global: %lld; must exceed opts->vocab_offset (%lld)",
+          static_cast<long long>(o.vocab_size_global),
+          static_cast<long long>(o.vocab_offset));
+  if (c.size == 1 && o.vocab_offset != 0)
+    raise(OSFT_STATUS_INVALID_ARGUMENT,
+          "opts->vocab_offset: %lld; a one-rank opts->comm holds the whole vocabulary "
+          "(offset 0)",
+          static_cast<long long>(o.vocab_offset));
+  if (c.size == 1 && o.vocab_size_global < 0)
+    raise(OSFT_STATUS_INVALID_ARGUMENT,
+          "opts->vocab_size_global: %lld is negative (0: in->weight's rows)",
+          static_cast<long long>(o.vocab_size_global));
+}
+
 }  // namespace
 
 osft_flce_options_t read_flce_options(const osft_flce_options_t *user) {
@@ -56,13 +90,17 @@ osft_flce_options_t read_flce_options(const osft_flce_options_t *user) {
 }
 
 Flce *create_flce(Context &ctx, const osft_flce_options_t &opts) {
+  check_vocab(ctx, opts);
   Flce *f = ctx.allocator.make<Flce>("flce handle");
   f->ctx = &ctx;
   f->opts = opts;
-  return register_child(f, HandleKind::flce, destroy_flce);
+  f = register_child(f, HandleKind::flce, destroy_flce);
+  if (opts.comm != nullptr) opts.comm->users++;
+  return f;
 }
 
 void destroy_flce(Flce *f) noexcept {
+  if (f->opts.comm != nullptr && f->counted) f->opts.comm->users--;
   uncount_child(f);
   f->ctx->allocator.destroy(f);
 }

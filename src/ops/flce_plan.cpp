@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/tensor_args.h"
+#include "comm/comm.h"
 #include "ops/flce.h"
 
 namespace osft {
@@ -175,6 +176,11 @@ FlceSlots add_slots(const Flce &f, const FlceCall &c, int64_t rows, ScratchPlan 
     s.gw32 = p.add_mat(c.v, c.h, OSFTI_F32);
   if (c.grad_b.data != nullptr && c.grad_b.dtype != OSFTI_F32 && fp32_acc)
     s.gb32 = p.add_mat(1, c.v, OSFTI_F32);
+  const int ranks = vocab_ranks(f);
+  if (ranks > 1) {
+    s.records = p.add_mat(rows, kFlceRecordWords, OSFTI_F32);
+    s.gathered = p.add_mat(ranks * rows, kFlceRecordWords, OSFTI_F32);
+  }
   s.logits = p.add_mat(rows, padded_vocab(c.v), OSFTI_F32);
   if (widen) s.x32 = p.add_mat(rows, c.h, OSFTI_F32);
   return s;
@@ -195,6 +201,10 @@ int64_t choose_rows(int64_t m, int64_t cap, int64_t wanted) {
 
 }  // namespace
 
+int vocab_ranks(const Flce &f) noexcept {
+  return f.opts.comm != nullptr ? f.opts.comm->size : 1;
+}
+
 int64_t padded_vocab(int64_t v) noexcept {
   return (v + 15) / 16 * 16;
 }
@@ -210,6 +220,14 @@ FlceCall check_call(const Flce &f, const osft_flce_inputs_t &in,
   if (std::all_of(outs, outs + 8, [](const DLTensor *t) { return t == nullptr; }))
     raise(OSFT_STATUS_INVALID_ARGUMENT, "out: no output requested");
   check_disjoint(in, out);
+  /* Multi-rank shard bounds are checked collectively (every rank fails
+   * alike); a one-rank comm holds all of W. */
+  if (f.opts.comm != nullptr && vocab_ranks(f) == 1 && f.opts.vocab_size_global != 0 &&
+      f.opts.vocab_size_global != s.v)
+    raise(OSFT_STATUS_SHAPE_MISMATCH,
+          "opts->vocab_size_global: %lld, but the one-rank opts->comm's in->weight has "
+          "%lld rows (the whole vocabulary)",
+          static_cast<long long>(f.opts.vocab_size_global), static_cast<long long>(s.v));
 
   FlceCall c;
   c.x = as_mat(in.x);
@@ -241,10 +259,14 @@ FlcePlan plan_call(const Flce &f, const FlceCall &c) {
   const Context &ctx = *f.ctx;
   ScratchPlan fixed_plan;
   add_slots(f, c, 0, fixed_plan);
-  /* Two chunk buffers, each aligned: per row plus alignment slack. */
-  const size_t fixed = fixed_plan.bytes() + 2 * ScratchPlan::alignment;
-  const size_t per_row = static_cast<size_t>(padded_vocab(c.v)) * sizeof(float) +
-                         (widens(f, c) ? static_cast<size_t>(c.h) * sizeof(float) : 0);
+  /* The chunk buffers, each aligned: per row plus alignment slack. */
+  const size_t fixed =
+      fixed_plan.bytes() + (vocab_ranks(f) > 1 ? 4 : 2) * ScratchPlan::alignment;
+  const int ranks = vocab_ranks(f);
+  const size_t per_row =
+      static_cast<size_t>(padded_vocab(c.v)) * sizeof(float) +
+      (ranks > 1 ? (ranks + 1) * kFlceRecordWords * sizeof(float) : 0) +
+      (widens(f, c) ? static_cast<size_t>(c.h) * sizeof(float) : 0);
   FlcePlan plan;
   const char *bound = "opts->memory_budget";
   plan.budget =

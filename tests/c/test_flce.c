@@ -6,6 +6,7 @@
  * bit-identical afterwards). Built twice: for the CPU, and with
  * OSFT_TEST_CUDA for a GPU (skipped where none is present). */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -215,17 +216,21 @@ static double grad_tol(tt_dtype out_dtype, const flce_case *c) {
   return out_dtype == TT_BF16 || c->dtype == TT_BF16 ? 3e-2 : 5e-5;
 }
 
+static void case_options(const flce_case *c, osft_flce_options_t *o) {
+  assert_ok(OSFT_FLCE_OPTIONS_INIT(o));
+  o->ignore_index = c->ignore_index;
+  o->label_smoothing = c->smoothing;
+  o->z_loss_scale = c->z_scale;
+  o->softcap = c->softcap;
+  o->reduction = c->reduction;
+  o->accumulator = c->accumulator;
+  o->chunk_rows = c->chunk_rows;
+  o->memory_budget = c->budget;
+}
+
 static osft_flce_t make_flce(osft_context_t ctx, const flce_case *c) {
   osft_flce_options_t o;
-  assert_ok(OSFT_FLCE_OPTIONS_INIT(&o));
-  o.ignore_index = c->ignore_index;
-  o.label_smoothing = c->smoothing;
-  o.z_loss_scale = c->z_scale;
-  o.softcap = c->softcap;
-  o.reduction = c->reduction;
-  o.accumulator = c->accumulator;
-  o.chunk_rows = c->chunk_rows;
-  o.memory_budget = c->budget;
+  case_options(c, &o);
   osft_flce_t f = NULL;
   assert_ok(osft_flce_create(ctx, &o, &f));
   return f;
@@ -808,17 +813,25 @@ static void release(snapshot *s) {
     expect_untouched(&snap, __LINE__);    \
   } while (0)
 
+/* A case's tensors with every output set to random values (that a failed
+ * call must keep), and their snapshot. */
+static flce_tensors error_tensors(const flce_case *c, const char *seed, snapshot *snap) {
+  test_seed(seed);
+  flce_tensors T = make_tensors(c);
+  tt *outs[8] = {T.loss, T.dx, T.dw, T.db, T.z, T.acc, T.amax, T.tok};
+  for (int i = 0; i < 8; ++i) tt_random(outs[i], -1, 1);
+  take(snap, outs, 8);
+  return T;
+}
+
 static void test_call_errors_write_nothing(void **state) {
   flce_case c = base_case(40, 6, 21, TT_F32);
   c.bias = 1;
   c.accumulate = OSFT_FLCE_ACCUMULATE_ALL;
   c.chunk_rows = 16;
-  test_seed("errors");
-  flce_tensors T = make_tensors(&c);
-  tt *outs[8] = {T.loss, T.dx, T.dw, T.db, T.z, T.acc, T.amax, T.tok};
-  for (int i = 0; i < 8; ++i) tt_random(outs[i], -1, 1);
   snapshot snap;
-  take(&snap, outs, 8);
+  flce_tensors T = error_tensors(&c, "errors", &snap);
+  tt *outs[8] = {T.loss, T.dx, T.dw, T.db, T.z, T.acc, T.amax, T.tok};
   osft_flce_t f = make_flce(CTX, &c);
   osft_flce_inputs_t in;
   osft_flce_outputs_t out;
@@ -1046,6 +1059,151 @@ static void test_options_and_handles(void **state) {
   assert_ok(osft_flce_destroy(NULL));
 }
 
+/* ------------------------------------------------- one-rank vocab parallel */
+
+/* A case's outputs after one call through `f` on fresh tensors from the
+ * case's seed (so two runs start from the same inputs and initial
+ * gradients), as raw bytes. */
+static void run_bytes(osft_flce_t f, const flce_case *c, void *bytes[8], size_t size[8]) {
+  test_seed("one-rank comm");
+  flce_tensors T = make_tensors(c);
+  osft_flce_inputs_t in;
+  osft_flce_outputs_t out;
+  bind(c, &T, &in, &out);
+  assert_ok(osft_flce_compute(f, &in, &out));
+  tt *outs[8] = {T.loss, T.dx, T.dw, T.db, T.z, T.acc, T.amax, T.tok};
+  for (int i = 0; i < 8; ++i) bytes[i] = outs[i] ? tt_bytes(outs[i], &size[i]) : NULL;
+  free_tensors(&T);
+}
+
+/* A one-rank communicator takes the single-rank path: every output is
+ * bit-identical to a call without one, with vocab_size_global 0 or V. */
+static void test_one_rank_comm_is_single_rank(void **state) {
+  osft_comm_t comm = NULL;
+  assert_ok(osft_comm_create_self(CTX, NULL, &comm));
+  const osft_flce_reduction_t reds[2] = {OSFT_FLCE_MEAN, OSFT_FLCE_NONE};
+  for (int r = 0; r < 2; ++r) {
+    flce_case c = base_case(37, 19, 123, TT_F32);
+    c.bias = 1;
+    c.class_weights = 1;
+    c.smoothing = 0.1;
+    c.z_scale = 1e-3;
+    c.softcap = 20.0;
+    c.chunk_rows = 16;
+    c.reduction = reds[r];
+    c.accumulate = OSFT_FLCE_ACCUMULATE_ALL;
+    void *plain[8], *shared[8];
+    size_t plain_size[8], shared_size[8];
+    osft_flce_t f = make_flce(CTX, &c);
+    run_bytes(f, &c, plain, plain_size);
+    assert_ok(osft_flce_destroy(f));
+    for (int64_t global = 0; global <= c.v; global += c.v) {
+      osft_flce_options_t o;
+      case_options(&c, &o);
+      o.comm = comm;
+      o.vocab_size_global = global;
+      assert_ok(osft_flce_create(CTX, &o, &f));
+      /* the handle holds the communicator in use */
+      assert_status(osft_comm_destroy(comm), OSFT_STATUS_INVALID_ARGUMENT);
+      run_bytes(f, &c, shared, shared_size);
+      assert_ok(osft_flce_destroy(f));
+      for (int i = 0; i < 8; ++i) {
+        assert_int_equal(plain_size[i], shared_size[i]);
+        if (plain[i] != NULL && memcmp(plain[i], shared[i], plain_size[i]) != 0)
+          fail_msg("output %d differs with a one-rank comm (reduction %d, global %lld)",
+                   i, (int)c.reduction, (long long)global);
+        free(shared[i]);
+      }
+    }
+    for (int i = 0; i < 8; ++i) free(plain[i]);
+  }
+  assert_ok(osft_comm_destroy(comm));
+}
+
+/* The vocab-parallel options: each error names its field, and a failed
+ * create or call leaves everything as it was. */
+static void test_vocab_options_errors(void **state) {
+  osft_comm_t comm = NULL, dead = NULL, foreign = NULL;
+  assert_ok(osft_comm_create_self(CTX, NULL, &comm));
+  assert_ok(osft_comm_create_self(CTX, NULL, &dead));
+  assert_ok(osft_comm_destroy(dead));
+  osft_context_t ctx2 = tt_context(NULL);
+  assert_ok(osft_comm_create_self(ctx2, NULL, &foreign));
+  osft_flce_t const sentinel = (osft_flce_t)(uintptr_t)0x5e5e;
+  osft_flce_t f = sentinel;
+  osft_flce_options_t o;
+
+  assert_ok(OSFT_FLCE_OPTIONS_INIT(&o));
+  assert_null(o.comm);
+  assert_true(o.vocab_offset == 0 && o.vocab_size_global == 0);
+  o.vocab_offset = 5; /* without a comm */
+  assert_status(osft_flce_create(CTX, &o, &f), OSFT_STATUS_INVALID_ARGUMENT);
+  assert_error_mentions("vocab_offset");
+  assert_ok(OSFT_FLCE_OPTIONS_INIT(&o));
+  o.vocab_size_global = 100; /* without a comm */
+  assert_status(osft_flce_create(CTX, &o, &f), OSFT_STATUS_INVALID_ARGUMENT);
+  assert_error_mentions("vocab_size_global");
+  assert_ok(OSFT_FLCE_OPTIONS_INIT(&o));
+  o.comm = comm;
+  o.vocab_offset = 3; /* one rank holds the whole vocabulary */
+  o.vocab_size_global = 20;
+  assert_status(osft_flce_create(CTX, &o, &f), OSFT_STATUS_INVALID_ARGUMENT);
+  assert_error_mentions("vocab_offset");
+  o.vocab_offset = -1;
+  assert_status(osft_flce_create(CTX, &o, &f), OSFT_STATUS_INVALID_ARGUMENT);
+  assert_error_mentions("vocab_offset");
+  o.vocab_offset = 0;
+  o.vocab_size_global = -4;
+  assert_status(osft_flce_create(CTX, &o, &f), OSFT_STATUS_INVALID_ARGUMENT);
+  assert_error_mentions("vocab_size_global");
+  o.vocab_size_global = 0;
+  o.comm = foreign;
+  assert_status(osft_flce_create(CTX, &o, &f), OSFT_STATUS_INVALID_ARGUMENT);
+  assert_error_mentions("opts->comm");
+  o.comm = dead;
+  assert_status(osft_flce_create(CTX, &o, &f), OSFT_STATUS_INVALID_HANDLE);
+  assert_error_mentions("opts->comm");
+  assert_ptr_equal(f, sentinel);
+
+  /* vocab_size_global other than in->weight's rows: the call fails, writing
+   * nothing */
+  flce_case c = base_case(20, 5, 13, TT_F32);
+  c.accumulate = OSFT_FLCE_ACCUMULATE_ALL;
+  c.bias = 1;
+  snapshot snap;
+  flce_tensors T = error_tensors(&c, "vocab option errors", &snap);
+  case_options(&c, &o);
+  o.comm = comm;
+  o.vocab_size_global = 14;
+  assert_ok(osft_flce_create(CTX, &o, &f));
+  osft_flce_inputs_t in;
+  osft_flce_outputs_t out;
+  bind(&c, &T, &in, &out);
+  EXPECT_FAIL(osft_flce_compute(f, &in, &out), OSFT_STATUS_SHAPE_MISMATCH,
+              "vocab_size_global");
+  osft_flce_options_t back;
+  back.struct_size = sizeof back;
+  assert_ok(osft_flce_get_options(f, &back));
+  assert_ptr_equal(back.comm, comm);
+  assert_int_equal(back.vocab_size_global, 14);
+  assert_ok(osft_flce_destroy(f));
+  release(&snap);
+  free_tensors(&T);
+
+  /* an older caller's struct (up to chunk_rows) is accepted: no comm */
+  assert_ok(OSFT_FLCE_OPTIONS_INIT(&o));
+  o.struct_size = offsetof(osft_flce_options_t, chunk_rows) + sizeof o.chunk_rows;
+  f = NULL;
+  assert_ok(osft_flce_create(CTX, &o, &f));
+  assert_ok(osft_flce_get_options(f, &back));
+  assert_null(back.comm);
+  assert_ok(osft_flce_destroy(f));
+
+  assert_ok(osft_comm_destroy(foreign));
+  assert_ok(osft_context_destroy(ctx2));
+  assert_ok(osft_comm_destroy(comm));
+}
+
 /* Every block the op takes goes back (counting allocator on the CPU). */
 static void test_memory_is_returned(void **state) {
   (void)state;
@@ -1078,6 +1236,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_budget_and_plan, setup, teardown),
       cmocka_unit_test_setup_teardown(test_call_errors_write_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_options_and_handles, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_one_rank_comm_is_single_rank, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_vocab_options_errors, setup, teardown),
       cmocka_unit_test(test_memory_is_returned),
   };
   return cmocka_run_group_tests_name("flce", tests, NULL, NULL);
