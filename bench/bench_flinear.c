@@ -30,19 +30,6 @@ static float *fill(size_t n) {
   return p;
 }
 
-static DLTensor tensor(float *data, int ndim, int64_t *shape) {
-  DLTensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.device.device_type = kDLCPU;
-  t.ndim = ndim;
-  t.dtype.code = kDLFloat;
-  t.dtype.bits = 32;
-  t.dtype.lanes = 1;
-  t.shape = shape;
-  return t;
-}
-
 /* C (m x n) = A op B, row-major, beta 0 or 1 */
 static void gemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
                  const float *b, int ldb, float beta, float *c, int ldc) {
@@ -198,7 +185,7 @@ int main(int argc, char **argv) {
       const int m = p.m;
       p.w = fill((size_t)n * k);
       int64_t wshape[2] = {n, k};
-      DLTensor wt = tensor(p.w, 2, wshape);
+      DLTensor wt = host_f32_tensor(p.w, 2, wshape);
       osft_flinear_options_t opts;
       CHECK(OSFT_FLINEAR_OPTIONS_INIT(&opts));
       osft_run o;
@@ -228,13 +215,13 @@ int main(int argc, char **argv) {
       p.ds = fill((size_t)p.l);
       int64_t xs[2] = {m, k}, ys[2] = {m, n}, us[2] = {n, p.l}, ss[1] = {p.l},
               vs[2] = {p.l, k};
-      o.x = tensor(p.x, 2, xs);
-      o.g = tensor(p.g, 2, ys);
-      o.y = tensor(p.y, 2, ys);
-      o.dx = tensor(p.dx, 2, xs);
-      o.du = tensor(p.du, 2, us);
-      o.ds = tensor(p.ds, 1, ss);
-      o.dv = tensor(p.dv, 2, vs);
+      o.x = host_f32_tensor(p.x, 2, xs);
+      o.g = host_f32_tensor(p.g, 2, ys);
+      o.y = host_f32_tensor(p.y, 2, ys);
+      o.dx = host_f32_tensor(p.dx, 2, xs);
+      o.du = host_f32_tensor(p.du, 2, us);
+      o.ds = host_f32_tensor(p.ds, 1, ss);
+      o.dv = host_f32_tensor(p.dv, 2, vs);
       CHECK(OSFT_FLINEAR_GRADS_INIT(&o.grads));
       o.grads.grad_x = &o.dx;
       o.grads.grad_u_low = &o.du;

@@ -79,20 +79,6 @@ static void split(int n, int64_t *sizes) {
   for (int q = 0; q < g_size; ++q) sizes[q] = n / g_size + (q < n % g_size);
 }
 
-/* A compact fp32 host tensor of `ndim` dims. */
-static DLTensor tensor(float *data, int ndim, int64_t *shape) {
-  DLTensor t;
-  memset(&t, 0, sizeof t);
-  t.data = data;
-  t.device.device_type = kDLCPU;
-  t.ndim = ndim;
-  t.dtype.code = kDLFloat;
-  t.dtype.bits = 32;
-  t.dtype.lanes = 1;
-  t.shape = shape;
-  return t;
-}
-
 /* One target as this rank holds it under a layout. */
 typedef struct {
   int n, k, r, l;     /* global */
@@ -129,10 +115,10 @@ static void make_target(target *t, int n, int k, int layout, unsigned seed) {
   t->s_gu[0] = t->nl, t->s_gu[1] = t->l;
   t->s_vh[0] = t->rl, t->s_vh[1] = t->kl;
   t->s_gv[0] = t->ll, t->s_gv[1] = t->kl;
-  t->t_uh = tensor(t->uh, 2, t->s_uh);
-  t->t_gu = tensor(t->gu, 2, t->s_gu);
-  t->t_vh = tensor(t->vh, 2, t->s_vh);
-  t->t_gv = tensor(t->gv, 2, t->s_gv);
+  t->t_uh = host_f32_tensor(t->uh, 2, t->s_uh);
+  t->t_gu = host_f32_tensor(t->gu, 2, t->s_gu);
+  t->t_vh = host_f32_tensor(t->vh, 2, t->s_vh);
+  t->t_gv = host_f32_tensor(t->gv, 2, t->s_gv);
 }
 
 static void free_target(target *t) {
@@ -371,7 +357,7 @@ static void bench_collectives(osft_comm_t comm, int scale, int layers, int reps)
   }
   float *buf = fill((size_t)total, 7);
   int64_t shape[1] = {total};
-  DLTensor t = tensor(buf, 1, shape);
+  DLTensor t = host_f32_tensor(buf, 1, shape);
   double ms[3][64];
   for (int rep = 0; rep <= reps; ++rep)
     for (int m = 0; m < 3; ++m) {

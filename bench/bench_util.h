@@ -44,6 +44,20 @@ static inline void fill_uniform(float *p, size_t n, unsigned seed, float scale) 
   }
 }
 
+/* A compact fp32 host tensor over `data`; `shape` must outlive it. */
+static inline DLTensor host_f32_tensor(float *data, int ndim, int64_t *shape) {
+  DLTensor t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.device.device_type = kDLCPU;
+  t.ndim = ndim;
+  t.dtype.code = kDLFloat;
+  t.dtype.bits = 32;
+  t.dtype.lanes = 1;
+  t.shape = shape;
+  return t;
+}
+
 /* Round to nearest even. */
 static inline uint16_t to_bf16(float f) {
   uint32_t u;
