@@ -4,7 +4,7 @@
 
 #include "core/cuda_runtime.h"
 #include "core/error.h"
-#include "core/log.h"
+#include "core/logging.h"
 #include "core/options.h"
 
 namespace osft {

@@ -6,7 +6,7 @@
 #ifndef OSFTRT_SRC_CORE_CHILD_HANDLE_H
 #define OSFTRT_SRC_CORE_CHILD_HANDLE_H
 
-#include "core/context.h"
+#include "core/context_impl.h"
 #include "core/error.h"
 #include "core/handle.h"
 

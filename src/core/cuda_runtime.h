@@ -1,6 +1,7 @@
 /* Internal: what the core needs from the CUDA runtime and libraries. Built
- * from src/cuda/runtime.cpp when CUDA is compiled in, and from
- * src/cuda/runtime_none.cpp otherwise, so the core never tests a macro. */
+ * from src/cuda/runtime_cuda.cpp when CUDA is compiled in, and from
+ * src/cuda/runtime_cuda_none.cpp otherwise (copy(): src/cuda/memcpy_cuda.cpp),
+ * so the core never tests a macro. */
 #ifndef OSFTRT_SRC_CORE_CUDA_RUNTIME_H
 #define OSFTRT_SRC_CORE_CUDA_RUNTIME_H
 
@@ -25,6 +26,16 @@ void device_free(void *ptr, int device_id) noexcept;
 /* Waits for `stream` (NULL: the legacy default stream). Throws
  * OSFT_STATUS_BACKEND_ERROR with the CUDA error name. */
 void synchronize(int device_id, void *stream);
+
+/* Direction of a copy(). */
+enum class CopyKind { to_host, from_host, on_device };
+
+/* cudaMemcpyAsync of `bytes` on `stream`. A copy that reads or writes host
+ * memory (to_host, from_host: pageable memory may be staged later) has
+ * finished when this returns; an on_device copy is ordered by the stream.
+ * Throws OSFT_STATUS_BACKEND_ERROR with the CUDA error name. */
+void copy(int device_id, void *stream, void *dst, const void *src, size_t bytes,
+          CopyKind kind);
 
 /* Library handles, created on `device_id` and bound to `stream`. Create
  * functions throw OSFT_STATUS_BACKEND_ERROR; destroy accepts NULL. */

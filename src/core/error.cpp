@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "core/log.h"
+#include "core/logging.h"
 #include "core/options.h"
 
 namespace {

@@ -8,8 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/backend.h"
-#include "core/context.h"
+#include "core/matrix_view.h"
+#include "core/context_impl.h"
 #include "core/error.h"
 
 namespace osft {

@@ -4,7 +4,8 @@
 #ifndef OSFTRT_SRC_CORE_TENSOR_ARGS_H
 #define OSFTRT_SRC_CORE_TENSOR_ARGS_H
 
-#include "core/backend.h"
+#include "core/context_impl.h"
+#include "core/matrix_view.h"
 #include "core/tensor_check.h"
 
 namespace osft {

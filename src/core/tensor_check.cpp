@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/context.h"
+#include "core/context_impl.h"
 #include "core/error.h"
 #include "core/options.h"
 

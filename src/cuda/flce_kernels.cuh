@@ -1,6 +1,6 @@
 /* Internal: the CUDA kernels of fused linear cross-entropy
  * (src/cuda/flce_kernels.cu) behind plain C++ launchers, so that
- * src/cuda/flce.cpp can be compiled by the host compiler. Launchers enqueue
+ * src/cuda/flce_cuda.cpp can be compiled by the host compiler. Launchers enqueue
  * on `stream` on the current device, never synchronize, and throw
  * OSFT_STATUS_BACKEND_ERROR if a launch fails. */
 #ifndef OSFTRT_SRC_CUDA_FLCE_KERNELS_CUH
@@ -8,7 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "core/flce_backend.h"
+#include "backend/flce_backend.h"
 
 namespace osft::cuda {
 

@@ -1,6 +1,6 @@
 /* Internal: the element-wise and reduction kernels of the CUDA backend
  * (src/cuda/linalg_kernels.cu), behind plain C++ launchers so that
- * src/cuda/linalg.cpp can be compiled by the host compiler. Launchers
+ * src/cuda/linalg_cuda.cpp can be compiled by the host compiler. Launchers
  * enqueue on `stream` on the current device, never synchronize, and throw
  * OSFT_STATUS_BACKEND_ERROR if a launch fails. */
 #ifndef OSFTRT_SRC_CUDA_LINALG_KERNELS_CUH
@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "core/backend.h"
+#include "backend/linalg_backend.h"
 
 namespace osft::cuda {
 

@@ -1,7 +1,7 @@
 /* The CUDA MLP kernels: the fused activation (forward) and the fused
  * derivative (backward), one pass over the tile's intermediates each,
  * specialized per activation, gating and dtype. The math is the shared
- * activation<A>() of src/core/mlp_backend.h, in fp32. Memory-bound: the
+ * activation<A>() of src/backend/mlp_backend.h, in fp32. Memory-bound: the
  * forward moves 3 elements per output (2 plain), the backward 5 or 6. */
 #include "cuda/mlp_kernels.cuh"
 

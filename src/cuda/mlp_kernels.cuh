@@ -1,14 +1,14 @@
 /* Internal: the CUDA MLP kernels (src/cuda/mlp_kernels.cu) behind plain C++
- * launchers, so that src/cuda/mlp.cpp is compiled by the host compiler.
+ * launchers, so that src/cuda/mlp_cuda.cpp is compiled by the host compiler.
  * Launchers enqueue on `stream` on the current device, never synchronize,
  * and throw OSFT_STATUS_BACKEND_ERROR if a launch fails. The arguments are
- * those of MlpKernels (src/core/mlp_backend.h). */
+ * those of MlpKernels (src/backend/mlp_backend.h). */
 #ifndef OSFTRT_SRC_CUDA_MLP_KERNELS_CUH
 #define OSFTRT_SRC_CUDA_MLP_KERNELS_CUH
 
 #include <cuda_runtime_api.h>
 
-#include "core/mlp_backend.h"
+#include "backend/mlp_backend.h"
 
 namespace osft::cuda {
 

@@ -14,7 +14,7 @@
 #include <cfloat>
 
 #include "core/error.h"
-#include "core/qr_backend.h"
+#include "backend/qr_backend.h"
 
 namespace osft::cuda::qr {
 namespace {

@@ -1,9 +1,9 @@
 /* Internal: the kernels of batched QR on CUDA (src/cuda/qr_kernels.cu),
- * behind plain C++ launchers so that src/cuda/qr.cpp is compiled by the
+ * behind plain C++ launchers so that src/cuda/qr_cuda.cpp is compiled by the
  * host compiler. Launchers enqueue on `stream` on the current device,
  * never synchronize, and throw OSFT_STATUS_BACKEND_ERROR if a launch
  * fails. Dtypes: OSFTI_F32 and OSFTI_F64. Per-job flags are the QrFlag
- * bits of src/core/qr_backend.h, set with atomicOr. */
+ * bits of src/backend/qr_backend.h, set with atomicOr. */
 #ifndef OSFTRT_SRC_CUDA_QR_KERNELS_CUH
 #define OSFTRT_SRC_CUDA_QR_KERNELS_CUH
 

@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "comm/comm.h"
+#include "comm/communicator.h"
 #include "core/error.h"
-#include "ops/flce.h"
+#include "ops/flce_ops.h"
 
 namespace osft {
 namespace {

@@ -5,8 +5,8 @@
 #include "core/error.h"
 #include "core/handle.h"
 #include "core/options.h"
-#include "comm/comm.h"
-#include "ops/flce.h"
+#include "comm/communicator.h"
+#include "ops/flce_ops.h"
 
 namespace osft {
 namespace {

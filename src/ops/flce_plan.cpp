@@ -3,10 +3,10 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "core/log.h"
+#include "core/logging.h"
 #include "core/tensor_args.h"
-#include "comm/comm.h"
-#include "ops/flce.h"
+#include "comm/communicator.h"
+#include "ops/flce_ops.h"
 
 namespace osft {
 namespace {

@@ -6,7 +6,7 @@
 #include "core/error.h"
 #include "core/scratch.h"
 #include "core/tensor_args.h"
-#include "ops/flinear.h"
+#include "ops/flinear_ops.h"
 
 namespace osft {
 namespace {

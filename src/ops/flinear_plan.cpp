@@ -3,8 +3,8 @@
  * context's workspace limit. */
 #include <algorithm>
 
-#include "core/log.h"
-#include "ops/flinear.h"
+#include "core/logging.h"
+#include "ops/flinear_ops.h"
 
 namespace osft {
 namespace {

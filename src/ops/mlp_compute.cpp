@@ -13,10 +13,10 @@
 #include <optional>
 
 #include "core/error.h"
-#include "core/log.h"
+#include "core/logging.h"
 #include "core/options.h"
 #include "core/tensor_args.h"
-#include "ops/mlp.h"
+#include "ops/mlp_ops.h"
 
 namespace osft::mlp {
 namespace {

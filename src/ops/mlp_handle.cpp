@@ -7,10 +7,10 @@
 #include "core/child_handle.h"
 #include "core/error.h"
 #include "core/handle.h"
-#include "core/log.h"
+#include "core/logging.h"
 #include "core/options.h"
 #include "core/tensor_args.h"
-#include "ops/mlp.h"
+#include "ops/mlp_ops.h"
 
 namespace osft::mlp {
 namespace {

@@ -7,9 +7,9 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "core/log.h"
+#include "core/logging.h"
 #include "core/scratch.h"
-#include "ops/projection.h"
+#include "ops/projection_ops.h"
 
 namespace osft {
 namespace {

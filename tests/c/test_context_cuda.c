@@ -7,7 +7,7 @@
 
 #include <cuda_runtime.h>
 
-#include "core/context.h"
+#include "core/context_impl.h"
 #include "test_util.h"
 
 typedef struct {

@@ -1,0 +1,66 @@
+/* Internal: the dense linear-algebra primitives every operation is written
+ * in, once, for both backends. An operation plans and validates in
+ * src/ops/, then calls backend(ctx).X(...); src/cpu/ and src/cuda/ each
+ * implement the table. Kernels never validate: arguments arrive checked. */
+#ifndef OSFTRT_SRC_BACKEND_LINALG_BACKEND_H
+#define OSFTRT_SRC_BACKEND_LINALG_BACKEND_H
+
+#include <cstdint>
+
+#include "core/context_impl.h"
+#include "core/matrix_view.h"
+
+namespace osft {
+
+/* The kernels take OSFTI_F32 and OSFTI_BF16 views (svd: f32 or f64).
+ * Work is enqueued on the context's stream (CUDA) or done before return
+ * (CPU). Scratch comes from the context's allocator. */
+struct Backend {
+  /* C = alpha * op(A) * op(B) + beta * C, accumulated in fp32. A and B share
+   * a dtype (f32 or bf16); C is f32 or bf16. beta == 0 never reads C. */
+  void (*gemm)(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float alpha,
+               float beta, const Mat &c);
+
+  /* dst = beta * dst + src * diag(s)   (axis cols: s runs along columns), or
+   * dst = beta * dst + diag(s) * src   (axis rows). s == nullptr: no scaling.
+   * dst may be src (then beta must be 0). Any float dtypes; fp32 math. */
+  void (*scale_into)(Context &ctx, Axis axis, const Mat &src, const Vec *s, float beta,
+                     const Mat &dst);
+
+  /* Sums along an axis, optionally of a product (b == nullptr: of a alone):
+   * axis cols: y[j] = beta * y[j] + sum_i a[i,j] * b[i,j]
+   * axis rows: y[i] = beta * y[i] + sum_j a[i,j] * b[i,j]
+   * Accumulated in fp32 (CUDA) or fp64 (CPU). */
+  void (*reduce)(Context &ctx, Axis axis, const Mat &a, const Mat *b, float beta,
+                 const Vec &y);
+
+  /* Every row of dst = v (dtype converted). */
+  void (*broadcast_rows)(Context &ctx, const Vec &v, const Mat &dst);
+
+  /* Thin SVD a = u * diag(s) * vt with u (m x k), s (k), vt (k x n),
+   * k = min(m, n), singular values descending, computed in fp64. Throws
+   * OSFT_STATUS_NUMERICAL_ERROR if it does not converge. */
+  void (*svd)(Context &ctx, const Mat &a, const Mat &u, const Vec &s, const Mat &vt);
+
+  /* dst = 0 (every element of the view). */
+  void (*fill_zero)(Context &ctx, const Mat &dst);
+
+  /* True if no element of a is NaN or infinite (waits for the result). */
+  bool (*all_finite)(Context &ctx, const Mat &a);
+
+  /* A 64-bit hash of the bytes of a's elements, for detecting in-place
+   * updates; nullptr where it cannot be had without a device sync. */
+  uint64_t (*fingerprint)(Context &ctx, const Mat &a);
+};
+
+const Backend &cpu_backend() noexcept;
+/* Throws OSFT_STATUS_NOT_SUPPORTED in builds without CUDA. */
+const Backend &cuda_backend();
+
+inline const Backend &backend(Context &ctx) {
+  return on_cuda(ctx) ? cuda_backend() : cpu_backend();
+}
+
+}  // namespace osft
+
+#endif

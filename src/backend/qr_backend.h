@@ -1,0 +1,176 @@
+/* Internal: the kernels of batched QR (osftrt/qr.h). src/ops/qr*.cpp
+ * validates the list and plans it once for both backends: which matrices
+ * each worker ("lane") runs, how much scratch each lane gets, the
+ * tolerances; src/cpu/qr_cpu.cpp (LAPACK on threads) and src/cuda/qr_cuda.cpp
+ * (cuSOLVER on streams, plus a batched kernel for small matrices) run the
+ * plan and report what went wrong per matrix. Kernels never validate. */
+#ifndef OSFTRT_SRC_BACKEND_QR_BACKEND_H
+#define OSFTRT_SRC_BACKEND_QR_BACKEND_H
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <type_traits>
+
+#include "backend/linalg_backend.h"
+#include "core/context_impl.h"
+
+namespace osft {
+
+enum class QrMethod { householder, cholesky_qr2 };
+
+/* Why a matrix failed, as bits (a job may collect several). */
+enum QrFlag : uint32_t {
+  kQrNonfiniteInput = 1u << 0, /* A (or the starting Q) has NaN or Inf */
+  kQrRankDeficient = 1u << 1,  /* min |R_jj| <= tol * max |R_jj| */
+  kQrNonfiniteResult = 1u << 2,
+  /* Internal to a backend: CholeskyQR2 must be redone with Householder. */
+  kQrNeedsFallback = 1u << 3,
+  /* Not a failure: CholeskyQR2 was redone with Householder. */
+  kQrFellBack = 1u << 4,
+  kQrFailureMask = kQrNonfiniteInput | kQrRankDeficient | kQrNonfiniteResult,
+};
+
+/* One matrix (or power-iteration pair) of a call, validated. */
+struct QrJob {
+  Mat a; /* the matrix to factor, m x n; power iteration: the m x m factor */
+  Mat q; /* m x n: the output; power iteration: the starting Q as well */
+  Mat r; /* n x n, or data == nullptr when R is not wanted */
+  /* Resolved rank tolerance; negative: no check. */
+  double rank_tol = 0.0;
+  int lane = -1;    /* the worker that runs it; -1: a backend batch kernel */
+  size_t index = 0; /* position in the caller's list */
+  int64_t m() const noexcept { return q.rows; }
+  int64_t n() const noexcept { return q.cols; }
+};
+
+/* A whole call, planned. */
+struct QrCall {
+  QrJob *jobs = nullptr; /* sorted by lane, then by dtype and shape */
+  size_t count = 0;
+  int lanes = 0; /* lanes in use (jobs have lane < lanes) */
+  QrMethod method = QrMethod::householder;
+  double ortho_threshold = 0.5; /* CholeskyQR2's bound on ||Q1^T Q1 - I||_F */
+  int iterations = 0;           /* 0: QR of a; >= 1: power iteration */
+  /* Scratch: `shared_bytes` for the call at offset 0, then lane l at
+   * lane_offset[l]; all 256-byte aligned. */
+  size_t shared_bytes = 0;
+  const size_t *lane_offset = nullptr;
+};
+
+struct QrKernels {
+  /* True: lanes are threads that take any job when free (so every lane's
+   * scratch must fit every lane job); false: a lane runs the jobs
+   * assigned to it, in order (CUDA streams). */
+  bool lanes_take_any_job;
+  /* Workers to use when the caller does not say (opts->max_concurrency 0). */
+  int (*default_concurrency)(Context &ctx);
+  /* True if the backend factors this job in a batch kernel rather than on a
+   * lane (given the call's method and iterations). */
+  bool (*batched)(Context &ctx, const QrJob &job, const QrCall &call);
+  /* Scratch bytes a lane needs to run `job`, reused job after job. */
+  size_t (*lane_bytes)(Context &ctx, const QrJob &job, const QrCall &call);
+  /* Scratch bytes the call needs besides its lanes (batched jobs'
+   * descriptors, per-job flags), given `call` with every job's lane set. */
+  size_t (*shared_bytes)(Context &ctx, const QrCall &call);
+  /* Runs every job, writing its outputs only if it succeeded, and sets
+   * flags[p] (zeroed by the caller) for the job at position p of
+   * call.jobs: its QrFlag bits, never kQrNeedsFallback. Returns with the
+   * outputs ready (CUDA: after synchronizing). */
+  void (*run)(Context &ctx, const QrCall &call, void *scratch, uint32_t *flags);
+};
+
+const QrKernels &cpu_qr_kernels() noexcept;
+/* Throws OSFT_STATUS_NOT_SUPPORTED in builds without CUDA. */
+const QrKernels &cuda_qr_kernels();
+
+inline const QrKernels &qr_kernels(Context &ctx) {
+  return on_cuda(ctx) ? cuda_qr_kernels() : cpu_qr_kernels();
+}
+
+/* A host array of trivially copyable T from the context's allocator,
+ * zero-filled and freed on scope exit: per-call bookkeeping. */
+template <class T>
+class HostArray {
+  static_assert(std::is_trivially_copyable<T>::value, "plain data only");
+
+ public:
+  HostArray(Context &ctx, size_t count) : ctx_(ctx), bytes_(count * sizeof(T)) {
+    if (count != 0 && bytes_ / count != sizeof(T)) throw std::bad_alloc();
+    if (bytes_ == 0) return;
+    data_ = static_cast<T *>(ctx_.allocator.host_alloc(bytes_, "QR bookkeeping"));
+    std::memset(static_cast<void *>(data_), 0, bytes_);
+  }
+  ~HostArray() { ctx_.allocator.host_free(data_, bytes_); }
+  HostArray(const HostArray &) = delete;
+  HostArray &operator=(const HostArray &) = delete;
+  T *get() const noexcept { return data_; }
+  T &operator[](size_t i) const noexcept { return data_[i]; }
+
+ private:
+  Context &ctx_;
+  size_t bytes_;
+  T *data_ = nullptr;
+};
+
+/* Flops, as the measure for balancing lanes: Householder QR plus forming
+ * Q is about 4 m n^2; a power-iteration step adds the m x m x n product. */
+inline double qr_job_cost(const QrJob &j, int iterations) noexcept {
+  const double m = static_cast<double>(j.m()), n = static_cast<double>(j.n());
+  const double qr = 4.0 * m * n * n;
+  return iterations == 0 ? qr : iterations * (qr + 2.0 * m * m * n);
+}
+
+/* Scratch carving shared by the backends: `bytes` rounded up to the
+ * 256-byte alignment every buffer gets. */
+constexpr size_t qr_align(size_t bytes) noexcept {
+  return (bytes + 255) / 256 * 256;
+}
+
+/* One lane job's buffers (elements of T), the same on both backends. */
+template <class T>
+struct QrBuffers {
+  T *w = nullptr;        /* m x n column-major: the matrix being factored */
+  T *p = nullptr;        /* m x n: power iteration's current Q */
+  T *tau = nullptr;      /* n: Householder scalars */
+  T *sign = nullptr;     /* n: signs of diag(R) */
+  T *r = nullptr;        /* n x n column-major: R (CholeskyQR2: R1, then R) */
+  T *g = nullptr;        /* n x n: CholeskyQR2's Gram matrix */
+  T *work = nullptr;     /* lwork: the solver's workspace */
+  int *info = nullptr;   /* 2: the Cholesky factorizations' info */
+  double *acc = nullptr; /* CholeskyQR2's ||Q1^T Q1 - I||_F^2 */
+  int64_t lwork = 0;
+};
+
+/* Lays out the buffers of `job` from `base` (nullptr: only counts) given
+ * the backend's solver workspace `lwork`; returns the bytes used. */
+template <class T>
+size_t qr_carve(const QrJob &job, const QrCall &call, int64_t lwork, char *base,
+                QrBuffers<T> *out) {
+  const size_t m = static_cast<size_t>(job.m()), n = static_cast<size_t>(job.n());
+  const bool chol = call.method == QrMethod::cholesky_qr2;
+  size_t offset = 0;
+  auto take = [&](size_t bytes) -> void * {
+    void *p = bytes == 0 || base == nullptr ? nullptr : base + offset;
+    offset += qr_align(bytes);
+    return p;
+  };
+  QrBuffers<T> b;
+  b.w = static_cast<T *>(take(m * n * sizeof(T)));
+  b.p = static_cast<T *>(take(call.iterations > 0 ? m * n * sizeof(T) : 0));
+  b.tau = static_cast<T *>(take(n * sizeof(T)));
+  b.sign = static_cast<T *>(take(n * sizeof(T)));
+  b.r = static_cast<T *>(take(n * n * sizeof(T)));
+  b.g = static_cast<T *>(take(chol ? n * n * sizeof(T) : 0));
+  b.work = static_cast<T *>(take(static_cast<size_t>(lwork) * sizeof(T)));
+  b.info = static_cast<int *>(take(2 * sizeof(int)));
+  b.acc = static_cast<double *>(take(sizeof(double)));
+  b.lwork = lwork;
+  if (out != nullptr) *out = b;
+  return offset;
+}
+
+}  // namespace osft
+
+#endif

@@ -1,0 +1,97 @@
+/* Internal: the context object behind osft_context_t, and what operations
+ * use of it: device, stream, scratch workspace, allocation, lazily created
+ * library handles. */
+#ifndef OSFTRT_SRC_CORE_CONTEXT_IMPL_H
+#define OSFTRT_SRC_CORE_CONTEXT_IMPL_H
+
+#include "osftrt/context.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* C-callable accessors (for the C unit tests; operations use the C++ API
+ * below). Each returns a status and records a message like the public
+ * functions, without the function-name prefix. */
+osft_status_t osfti_context_workspace(osft_context_t ctx, size_t bytes, void **ptr);
+osft_status_t osfti_context_blas_handle(osft_context_t ctx, void **handle);
+osft_status_t osfti_context_solver_handle(osft_context_t ctx, void **handle);
+/* The handles created so far (NULL if not yet), without creating any. */
+osft_status_t osfti_context_peek_handles(osft_context_t ctx, void **blas, void **solver);
+
+#ifdef __cplusplus
+}
+
+#include <dlpack/dlpack.h>
+
+#include "core/allocator.h"
+
+struct osft_context_s {
+  osft_context_s(const osft_context_options_t &opts, const osft::Allocator &alloc)
+      : device_type(opts.device_type),
+        device_id(opts.device_id),
+        stream(opts.stream),
+        workspace_limit(opts.workspace_limit),
+        allocator(alloc) {}
+
+  osft_device_type_t device_type;
+  int device_id;
+  void *stream;
+  size_t workspace_limit; /* 0: unlimited */
+  osft::Allocator allocator;
+  void *workspace = nullptr;
+  size_t workspace_bytes = 0;
+  int live_children = 0;  /* handles created from this context and alive */
+  void *blas = nullptr;   /* cublasHandle_t, created on first use */
+  void *solver = nullptr; /* cusolverDnHandle_t, created on first use */
+};
+
+namespace osft {
+
+using Context = osft_context_s;
+
+/* Validates `opts` (NULL: CPU defaults) and creates a context. */
+Context *create_context(const osft_context_options_t *opts);
+
+/* Releases everything; throws OSFT_STATUS_BACKEND_ERROR after destroying if
+ * the device reported an error while draining the stream. */
+void destroy_context(Context *ctx);
+
+/* Throws unless `ctx` is a live context; returns it as a reference. */
+Context &checked_context(osft_context_t ctx, const char *arg);
+
+inline bool on_cuda(const Context &ctx) noexcept {
+  return ctx.device_type == OSFT_DEVICE_CUDA;
+}
+
+/* Scratch memory of at least `bytes` on the context's device, valid until
+ * the next call that takes the workspace. Grows (never shrinks) the
+ * workspace; throws OSFT_STATUS_OUT_OF_MEMORY above the limit or when the
+ * allocator fails, keeping the old workspace. */
+void *workspace(Context &ctx, size_t bytes);
+void release_workspace(Context &ctx);
+
+/* CUDA device memory through the context's allocator (CUDA contexts). */
+void *device_alloc(Context &ctx, size_t bytes, const char *what);
+void device_free(Context &ctx, void *ptr, size_t bytes) noexcept;
+
+/* Memory where the context computes (host for a CPU context, its GPU for a
+ * CUDA one), through its allocator: for objects that outlive a call. */
+void *memory_alloc(Context &ctx, size_t bytes, const char *what);
+void memory_free(Context &ctx, void *ptr, size_t bytes) noexcept;
+
+/* The DLPack device of the context's memory (kDLCPU or kDLCUDA + id). */
+DLDevice dl_device(const Context &ctx) noexcept;
+
+void set_stream(Context &ctx, void *stream);
+void synchronize(Context &ctx);
+
+/* cuBLAS / cuSOLVER handles, created on first use, bound to the stream. */
+void *blas_handle(Context &ctx);
+void *solver_handle(Context &ctx);
+
+}  // namespace osft
+
+#endif /* __cplusplus */
+
+#endif

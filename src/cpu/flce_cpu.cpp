@@ -1,0 +1,437 @@
+/* The CPU kernels of fused linear cross-entropy (src/backend/flce_backend.h).
+ * The row pass is the hot loop next to the GEMMs: it runs on threads over
+ * the rows of a chunk, each row in blocks that stay in L1 (one read of the
+ * logits for the statistics, one read and one write for the gradient),
+ * with 8-wide vector code (GCC vector extensions, compiled for AVX2+FMA and
+ * for the baseline, picked at load time) and a polynomial exp accurate to
+ * about 2 ulp. */
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "core/bf16.h"
+#include "core/error.h"
+#include "backend/flce_backend.h"
+
+namespace osft {
+namespace {
+
+/* ------------------------------------------------------------ vector math */
+
+typedef float f8 __attribute__((vector_size(32)));
+typedef int32_t i8 __attribute__((vector_size(32)));
+typedef uint16_t u16x8 __attribute__((vector_size(16)));
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define OSFT_FLCE_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define OSFT_FLCE_CLONES
+#endif
+/* Helpers take vectors by reference (no vector ABI at a call) and are
+ * always inlined into the cloned loops, so each clone gets its own code. */
+#define OSFT_INLINE inline __attribute__((always_inline))
+
+constexpr int kLanes = 8;
+
+OSFT_INLINE void splat(f8 &v, float x) {
+  v = f8{} + x;
+}
+
+OSFT_INLINE void load(f8 &v, const float *p) {
+  std::memcpy(&v, p, sizeof v);
+}
+
+/* The first k lanes from p, the rest `fill`. */
+OSFT_INLINE void load_partial(f8 &v, const float *p, int k, float fill) {
+  if (k == kLanes) return load(v, p);
+  splat(v, fill);
+  for (int l = 0; l < k; ++l) v[l] = p[l];
+}
+
+OSFT_INLINE void store_partial(float *p, const f8 &v, int k) {
+  if (k == kLanes)
+    std::memcpy(p, &v, sizeof v);
+  else
+    for (int l = 0; l < k; ++l) p[l] = v[l];
+}
+
+OSFT_INLINE float hsum(const f8 &v) {
+  float s = 0.0f;
+  for (int l = 0; l < kLanes; ++l) s += v[l];
+  return s;
+}
+
+OSFT_INLINE float hmax(const f8 &v) {
+  float m = v[0];
+  for (int l = 1; l < kLanes; ++l) m = v[l] > m ? v[l] : m;
+  return m;
+}
+
+/* e^x (Cephes' expf): x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-6
+ * polynomial, 2^n built in the exponent bits. Inputs are clamped to
+ * [-87, 88], so e^x never overflows and tiny results are ~1e-38, not 0. */
+OSFT_INLINE void exp8(f8 &x) {
+  f8 lo, hi;
+  splat(lo, -87.0f);
+  splat(hi, 88.0f);
+  x = x < lo ? lo : x;
+  x = x > hi ? hi : x;
+  const float magic = 12582912.0f; /* 1.5 * 2^23: rounds to an integer */
+  const f8 n = (x * 1.44269504088896341f + magic) - magic;
+  f8 r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  f8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const i8 bits = (__builtin_convertvector(n, i8) + 127) << 23;
+  f8 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  x = p * scale;
+}
+
+/* ----------------------------------------------------------- row settings */
+
+/* What every row of a chunk shares. */
+struct RowSetup {
+  const FlceRowPass *a;
+  const float *bias32 = nullptr;
+  const bf16 *bias16 = nullptr;
+  const float *weights = nullptr; /* class weights, or nullptr */
+  float cap = 0.0f, inv_cap = 0.0f;
+  double weight_sum = 0.0;
+  double scale = 1.0; /* mean/sum: grad_loss / D; per token: unused */
+};
+
+constexpr int kBlock = 512; /* floats per block: 2 KiB, in L1 */
+
+/* v[0, n) = softcap(raw + bias) for columns [j0, j0 + n). */
+OSFT_INLINE void transform(const RowSetup &s, const float *raw, int64_t j0, int n,
+                           float *v) {
+  for (int j = 0; j < n; j += kLanes) {
+    const int k = std::min(kLanes, n - j);
+    f8 x;
+    load_partial(x, raw + j, k, 0.0f);
+    if (s.bias32 != nullptr) {
+      f8 b;
+      load_partial(b, s.bias32 + j0 + j, k, 0.0f);
+      x += b;
+    } else if (s.bias16 != nullptr) {
+      u16x8 b16{};
+      std::memcpy(&b16, s.bias16 + j0 + j, k * sizeof(bf16));
+      const u32x8 bits = __builtin_convertvector(b16, u32x8) << 16;
+      f8 b;
+      std::memcpy(&b, &bits, sizeof b);
+      x += b;
+    }
+    if (s.cap != 0.0f) {
+      /* cap * tanh(x / cap), tanh(u) = 1 - 2 / (e^(2u) + 1) */
+      f8 e = x * (2.0f * s.inv_cap);
+      exp8(e);
+      x = s.cap - (2.0f * s.cap) / (e + 1.0f);
+    }
+    store_partial(v + j, x, k);
+  }
+}
+
+OSFT_INLINE int block_len(int64_t v, int64_t j0) {
+  return static_cast<int>(std::min<int64_t>(kBlock, v - j0));
+}
+
+/* The final logits of columns [j0, j0 + n): the GEMM's values themselves,
+ * or, with a bias or softcap, transformed into buf. */
+OSFT_INLINE const float *block_values(const RowSetup &s, const float *z, int64_t j0,
+                                      int n, float *buf) {
+  if (s.bias32 == nullptr && s.bias16 == nullptr && s.cap == 0.0f) return z + j0;
+  transform(s, z + j0, j0, n, buf);
+  return buf;
+}
+
+/* Online statistics of one row. */
+struct RowStats {
+  float max = -INFINITY;
+  float sum = 0.0f;      /* sum_j e^(z_j - max) */
+  double weighted = 0.0; /* sum_j w_j z_j (only with label smoothing) */
+  float best = -INFINITY;
+  int64_t best_j = 0;
+  float target = 0.0f; /* z_y */
+};
+
+OSFT_INLINE void add_block(const RowSetup &s, const float *v, int64_t j0, int n,
+                           int64_t y, RowStats &st) {
+  f8 m;
+  splat(m, -INFINITY);
+  for (int j = 0; j < n; j += kLanes) {
+    f8 x;
+    load_partial(x, v + j, std::min(kLanes, n - j), -INFINITY);
+    m = x > m ? x : m;
+  }
+  const float bm = hmax(m);
+  if (bm > st.best) {
+    st.best = bm;
+    st.best_j = j0 + (std::find(v, v + n, bm) - v);
+  }
+  const float new_max = std::max(st.max, bm);
+  f8 acc = {};
+  for (int j = 0; j < n; j += kLanes) {
+    const int k = std::min(kLanes, n - j);
+    f8 e;
+    load_partial(e, v + j, k, -INFINITY);
+    e -= new_max;
+    exp8(e);
+    const i8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    acc = lane < k ? acc + e : acc;
+  }
+  st.sum = st.sum * std::exp(st.max - new_max) + hsum(acc);
+  st.max = new_max;
+  if (s.a->loss.eps != 0.0f) {
+    f8 dot = {};
+    for (int j = 0; j < n; j += kLanes) {
+      const int k = std::min(kLanes, n - j);
+      f8 x, w;
+      load_partial(x, v + j, k, 0.0f);
+      if (s.weights != nullptr)
+        load_partial(w, s.weights + j0 + j, k, 0.0f);
+      else
+        splat(w, 1.0f);
+      dot += x * w;
+    }
+    st.weighted += hsum(dot);
+  }
+  if (y >= j0 && y < j0 + n) st.target = v[y - j0];
+}
+
+/* The gradient coefficients of a row: g_j = (ca p_j - ce w_j - cy [j == y])
+ * times the softcap chain factor. */
+struct RowGrad {
+  float lse, ca, ce, cy;
+};
+
+OSFT_INLINE void grad_block(const RowSetup &s, const RowGrad &gr, const float *v,
+                            int64_t j0, int n, int64_t y, float *out) {
+  /* out may be v itself: read the target's logit first. */
+  const bool has_y = y >= j0 && y < j0 + n;
+  const float ty = has_y && s.cap != 0.0f ? v[y - j0] * s.inv_cap : 0.0f;
+  for (int j = 0; j < n; j += kLanes) {
+    const int k = std::min(kLanes, n - j);
+    f8 x, p, w;
+    load_partial(x, v + j, k, 0.0f);
+    p = x - gr.lse;
+    exp8(p);
+    if (s.weights != nullptr)
+      load_partial(w, s.weights + j0 + j, k, 0.0f);
+    else
+      splat(w, 1.0f);
+    f8 g = gr.ca * p - gr.ce * w;
+    if (s.cap != 0.0f) {
+      const f8 t = x * s.inv_cap;
+      g *= 1.0f - t * t;
+    }
+    store_partial(out + j, g, k);
+  }
+  if (has_y) out[y - j0] -= gr.cy * (1.0f - ty * ty);
+}
+
+int64_t target_of(const FlceTargets &t, int64_t i) {
+  return t.dtype == OSFTI_I32 ? static_cast<const int32_t *>(t.data)[i]
+                              : static_cast<const int64_t *>(t.data)[i];
+}
+
+/* The local statistics of a row over this rank's columns; `y` is the
+ * target's local column (outside [0, V) when another rank holds it). */
+OSFT_INLINE RowStats local_stats(const RowSetup &s, float *z, int64_t y, float *buf) {
+  RowStats st;
+  const int64_t v = s.a->loss.vocab;
+  for (int64_t j0 = 0; j0 < v; j0 += kBlock) {
+    const int n = block_len(v, j0);
+    add_block(s, block_values(s, z, j0, n, buf), j0, n, y, st);
+  }
+  return st;
+}
+
+/* Statistics, per-token results and (with want_grad) the gradient of one
+ * row, in place over its logits; with vocab parallelism one phase of it. */
+OSFT_FLCE_CLONES
+void one_row(const RowSetup &s, int64_t i) {
+  const FlceRowPass &a = *s.a;
+  const FlceLoss &L = a.loss;
+  const int64_t tok = a.first_token + i, v = L.vocab;
+  const int64_t y = target_of(a.targets, tok);
+  const bool ignored = y == L.ignore_index;
+  const int64_t yl = y - L.vocab_offset; /* the target's local column */
+  const bool mine = !ignored && yl >= 0 && yl < v;
+  float *z = static_cast<float *>(a.logits.data) + i * a.logits.ld;
+  float buf[kBlock];
+  RowStats st;
+  double wy = mine ? (s.weights != nullptr ? s.weights[yl] : 1.0) : 0.0;
+  if (a.phase != FlceRowPhase::finish) st = local_stats(s, z, yl, buf);
+  if (a.phase == FlceRowPhase::records) {
+    flce_pack_record(a.records + i * kFlceRecordWords, st.max, st.sum,
+                     mine ? st.target : 0.0f, static_cast<float>(wy),
+                     static_cast<float>(st.weighted), st.best,
+                     L.vocab_offset + st.best_j);
+    return;
+  }
+  if (a.phase == FlceRowPhase::finish) {
+    const FlceCombined c = flce_combine(a.gathered, a.ranks, a.logits.rows, i);
+    st.max = c.max;
+    st.sum = c.sum;
+    st.target = c.target;
+    st.weighted = c.smooth;
+    st.best_j = c.best_j;
+    wy = ignored ? 0.0 : c.weight;
+  }
+  const double lse = st.max + std::log(static_cast<double>(st.sum));
+  const double zl = ignored ? 0.0 : L.z_scale * lse * lse;
+  const double ce = (1.0 - L.smoothing) * wy * (lse - st.target) +
+                    L.eps * (lse * s.weight_sum - st.weighted);
+  a.tokens.loss[tok] = ignored ? 0.0f : static_cast<float>(ce + zl);
+  a.tokens.z[tok] = static_cast<float>(zl);
+  a.tokens.argmax[tok] = st.best_j;
+  if (!a.want_grad) return;
+  double c = ignored ? 0.0 : s.scale;
+  if (!ignored && L.per_token && a.grad_loss != nullptr) c = a.grad_loss[tok];
+  if (c == 0.0) {
+    std::fill(z, z + v, 0.0f);
+    return;
+  }
+  const double big_a =
+      (1.0 - L.smoothing) * wy + L.eps * s.weight_sum + 2.0 * L.z_scale * lse;
+  const RowGrad gr{static_cast<float>(lse), static_cast<float>(c * big_a),
+                   static_cast<float>(c * L.eps),
+                   static_cast<float>(c * (1.0 - L.smoothing) * wy)};
+  for (int64_t j0 = 0; j0 < v; j0 += kBlock) {
+    const int n = block_len(v, j0);
+    grad_block(s, gr, block_values(s, z, j0, n, buf), j0, n, yl, z + j0);
+  }
+}
+
+/* Runs body(begin, end) over [0, n) on up to hardware_concurrency threads,
+ * at least `grain` items each; the calling thread takes the first share. */
+template <class Body>
+void parallel_for(int64_t n, int64_t grain, const Body &body) {
+  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t parts =
+      std::max<int64_t>(1, std::min(hw, n / std::max<int64_t>(grain, 1)));
+  const int64_t share = (n + parts - 1) / parts;
+  std::vector<std::thread> threads;
+  for (int64_t p = 1; p < parts; ++p) {
+    const int64_t begin = p * share, end = std::min(n, begin + share);
+    if (begin >= end) break;
+    try {
+      threads.emplace_back([&body, begin, end] { body(begin, end); });
+    } catch (...) {
+      body(begin, end); /* no thread to be had: do it here */
+    }
+  }
+  body(0, std::min(n, share));
+  for (std::thread &t : threads) t.join();
+}
+
+void cpu_rows(Context &, const FlceRowPass &a) {
+  const FlceTotals &t = *a.totals;
+  RowSetup s{&a};
+  if (a.bias.data != nullptr) {
+    if (a.bias.dtype == OSFTI_BF16)
+      s.bias16 = static_cast<const bf16 *>(a.bias.data);
+    else
+      s.bias32 = static_cast<const float *>(a.bias.data);
+  }
+  s.weights = static_cast<const float *>(a.class_weight.data);
+  s.cap = a.loss.softcap;
+  s.inv_cap = s.cap != 0.0f ? 1.0f / s.cap : 0.0f;
+  s.weight_sum = t.weight_sum;
+  const double upstream =
+      a.grad_loss != nullptr && !a.loss.per_token ? *a.grad_loss : 1.0;
+  s.scale = !a.loss.mean          ? upstream
+            : t.denominator > 0.0 ? upstream / t.denominator
+                                  : 0.0;
+  if (a.want_grad && a.phase != FlceRowPhase::records && a.grad_dtype != OSFTI_F32)
+    raise(OSFT_STATUS_INTERNAL_ERROR, "flce CPU row pass: fp32 gradients only");
+  /* Rows cost ~V each; a few per thread make spawning worth it. */
+  parallel_for(a.logits.rows, 4, [&s](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) one_row(s, i);
+  });
+}
+
+/* ------------------------------------------------------- prepare, finalize */
+
+FlceTotals cpu_prepare(Context &, const FlcePrepare &a) {
+  FlceTotals t;
+  const auto *w = static_cast<const float *>(a.class_weight.data);
+  t.weight_sum = static_cast<double>(a.loss.vocab);
+  if (w != nullptr) {
+    t.weight_sum = 0.0;
+    for (int64_t j = 0; j < a.loss.vocab; ++j) t.weight_sum += w[j];
+  }
+  for (int64_t i = 0; i < a.targets.n; ++i) {
+    const int64_t y = target_of(a.targets, i);
+    if (y == a.loss.ignore_index) continue;
+    if (y < 0 || y >= a.loss.vocab_global) {
+      t.first_bad = i;
+      t.bad_value = y;
+      break;
+    }
+    t.valid++;
+    const int64_t yl = y - a.loss.vocab_offset; /* in this rank's shard? */
+    if (yl >= 0 && yl < a.loss.vocab) t.denominator += w != nullptr ? w[yl] : 1.0;
+  }
+  *a.totals = t;
+  return t;
+}
+
+/* A per-token fp32 output, or its reduction into one element. */
+void reduce_tokens(const FlceFinalize &a, const float *values, const Vec &out) {
+  auto *o = static_cast<float *>(out.data);
+  const int64_t n = a.targets.n;
+  if (a.loss.per_token) {
+    std::copy(values, values + n, o);
+    return;
+  }
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += values[i];
+  const double d = a.totals->denominator;
+  *o = static_cast<float>(!a.loss.mean ? sum : d > 0.0 ? sum / d : 0.0);
+}
+
+void cpu_finalize(Context &, const FlceFinalize &a) {
+  const int64_t n = a.targets.n;
+  if (a.out_loss.data != nullptr) reduce_tokens(a, a.tokens.loss, a.out_loss);
+  if (a.out_z.data != nullptr) reduce_tokens(a, a.tokens.z, a.out_z);
+  if (a.out_token_loss.data != nullptr)
+    std::copy(a.tokens.loss, a.tokens.loss + n,
+              static_cast<float *>(a.out_token_loss.data));
+  if (a.out_argmax.data != nullptr) {
+    for (int64_t i = 0; i < n; ++i) {
+      if (a.out_argmax.dtype == OSFTI_I32)
+        static_cast<int32_t *>(a.out_argmax.data)[i] =
+            static_cast<int32_t>(a.tokens.argmax[i]);
+      else
+        static_cast<int64_t *>(a.out_argmax.data)[i] = a.tokens.argmax[i];
+    }
+  }
+  if (a.out_accuracy.data != nullptr) {
+    int64_t correct = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t y = target_of(a.targets, i);
+      correct += y != a.loss.ignore_index && a.tokens.argmax[i] == y;
+    }
+    const int64_t valid = a.totals->valid;
+    *static_cast<float *>(a.out_accuracy.data) =
+        valid > 0 ? static_cast<float>(static_cast<double>(correct) / valid) : 0.0f;
+  }
+}
+
+}  // namespace
+
+const FlceKernels &cpu_flce_kernels() noexcept {
+  static const FlceKernels table = {false, cpu_prepare, cpu_rows, cpu_finalize};
+  return table;
+}
+
+}  // namespace osft

@@ -1,0 +1,341 @@
+/* The CPU backend of src/backend/linalg_backend.h: OpenBLAS GEMMs (bf16 operands are
+ * widened to fp32, since OpenBLAS has no bf16 GEMM here), LAPACK SVD in fp64,
+ * and plain loops for the element-wise and reduction kernels. */
+#include <cblas.h>
+#include <lapack.h>
+
+#include <climits>
+#include <cstring>
+#include <cmath>
+#include <type_traits>
+#include <utility>
+
+#include "backend/linalg_backend.h"
+#include "core/bf16.h"
+#include "core/error.h"
+
+namespace osft {
+namespace {
+
+/* Host scratch from the context's allocator, freed on scope exit. */
+class HostBuffer {
+ public:
+  HostBuffer(Context &ctx, size_t bytes) : ctx_(ctx), bytes_(bytes) {
+    if (bytes_ > 0) ptr_ = ctx_.allocator.host_alloc(bytes_, "cpu scratch");
+  }
+  ~HostBuffer() { ctx_.allocator.host_free(ptr_, bytes_); }
+  HostBuffer(const HostBuffer &) = delete;
+  HostBuffer &operator=(const HostBuffer &) = delete;
+  template <class T>
+  T *as() const noexcept {
+    return static_cast<T *>(ptr_);
+  }
+
+ private:
+  Context &ctx_;
+  size_t bytes_;
+  void *ptr_ = nullptr;
+};
+
+/* Element types the kernels are instantiated for; loads widen to the math
+ * type, stores round from it (bf16: to nearest even). */
+inline double widen_value(float v) {
+  return v;
+}
+inline double widen_value(double v) {
+  return v;
+}
+inline double widen_value(bf16 v) {
+  return to_float(v);
+}
+inline void narrow_value(float *p, double v) {
+  *p = static_cast<float>(v);
+}
+inline void narrow_value(double *p, double v) {
+  *p = v;
+}
+inline void narrow_value(bf16 *p, double v) {
+  *p = to_bf16(static_cast<float>(v));
+}
+
+template <class T>
+struct Tag {
+  using type = T;
+};
+
+/* Calls f(Tag<T>{}) for the element type of dt. */
+template <class F>
+void with_type(osfti_dtype_t dt, F &&f) {
+  switch (dt) {
+    case OSFTI_F32: return f(Tag<float>{});
+    case OSFTI_F64: return f(Tag<double>{});
+    case OSFTI_BF16: return f(Tag<bf16>{});
+    default:
+      raise(OSFT_STATUS_NOT_SUPPORTED, "CPU kernels: dtype %s is not supported here",
+            osfti_dtype_name(dt));
+  }
+}
+
+inline int64_t at(const Mat &m, int64_t i, int64_t j) noexcept {
+  return i * m.ld + j;
+}
+
+/* Copies a view of any float dtype into a compact T buffer, and back. */
+template <class T>
+void widen(const Mat &src, T *dst) {
+  with_type(src.dtype, [&](auto tag) {
+    using Src = typename decltype(tag)::type;
+    const auto *in = static_cast<const Src *>(src.data);
+    for (int64_t i = 0; i < src.rows; ++i)
+      for (int64_t j = 0; j < src.cols; ++j)
+        dst[i * src.cols + j] = static_cast<T>(widen_value(in[i * src.ld + j]));
+  });
+}
+
+template <class T>
+void narrow(const T *src, const Mat &dst) {
+  with_type(dst.dtype, [&](auto tag) {
+    using Dst = typename decltype(tag)::type;
+    auto *out = static_cast<Dst *>(dst.data);
+    for (int64_t i = 0; i < dst.rows; ++i)
+      for (int64_t j = 0; j < dst.cols; ++j)
+        narrow_value(out + i * dst.ld + j, static_cast<double>(src[i * dst.cols + j]));
+  });
+}
+
+void check_blas_dims(std::initializer_list<int64_t> dims) {
+  for (int64_t d : dims)
+    if (d > INT_MAX)
+      raise(OSFT_STATUS_NOT_SUPPORTED,
+            "a matrix dimension of %lld exceeds the 32-bit BLAS interface",
+            static_cast<long long>(d));
+}
+
+/* An fp32 view of `m`: itself when it already is one, else a widened copy. */
+struct F32View {
+  const float *data;
+  int64_t ld;
+};
+
+F32View as_f32(const Mat &m, const HostBuffer &storage) {
+  if (m.dtype == OSFTI_F32) return {static_cast<const float *>(m.data), m.ld};
+  widen(m, storage.as<float>());
+  return {storage.as<float>(), m.cols};
+}
+
+size_t f32_bytes(const Mat &m) {
+  return m.dtype == OSFTI_F32 ? 0 : static_cast<size_t>(m.rows * m.cols) * sizeof(float);
+}
+
+void cpu_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float alpha,
+              float beta, const Mat &c) {
+  const int64_t k = op_a == Op::N ? a.cols : a.rows;
+  check_blas_dims({a.rows, a.cols, a.ld, b.rows, b.cols, b.ld, c.rows, c.cols, c.ld});
+  if (c.rows == 0 || c.cols == 0) return;
+  HostBuffer a32(ctx, f32_bytes(a)), b32(ctx, f32_bytes(b));
+  const F32View av = as_f32(a, a32);
+  const F32View bv = as_f32(b, b32);
+  HostBuffer c32(ctx, f32_bytes(c));
+  float *cp = static_cast<float *>(c.data);
+  int64_t ldc = c.ld;
+  if (c.dtype != OSFTI_F32) {
+    cp = c32.as<float>();
+    ldc = c.cols;
+    if (beta != 0.0f) widen(c, cp);
+  }
+  if (k == 0) {
+    /* BLAS leaves C alone for k == 0 only when beta == 1; be explicit. */
+    for (int64_t i = 0; i < c.rows; ++i)
+      for (int64_t j = 0; j < c.cols; ++j)
+        cp[i * ldc + j] = beta == 0.0f ? 0.0f : beta * cp[i * ldc + j];
+  } else {
+    cblas_sgemm(CblasRowMajor, op_a == Op::N ? CblasNoTrans : CblasTrans,
+                op_b == Op::N ? CblasNoTrans : CblasTrans, static_cast<int>(c.rows),
+                static_cast<int>(c.cols), static_cast<int>(k), alpha, av.data,
+                static_cast<int>(av.ld), bv.data, static_cast<int>(bv.ld), beta, cp,
+                static_cast<int>(ldc));
+  }
+  if (c.dtype != OSFTI_F32) narrow(cp, c);
+}
+
+/* dst = beta dst + scale * src; fp32 math for fp32/bf16 (fp64 if either end
+ * is fp64, which only the SVD copies use). */
+template <class Src, class S, class Dst>
+void scale_typed(Axis axis, const Mat &src, const S *s, float beta, const Mat &dst) {
+  using M = std::conditional_t<std::is_same_v<Src, double> || std::is_same_v<Dst, double>,
+                               double, float>;
+  const auto *in = static_cast<const Src *>(src.data);
+  auto *out = static_cast<Dst *>(dst.data);
+  const int64_t rows = src.rows, cols = src.cols;
+  for (int64_t i = 0; i < rows; ++i) {
+    const M row_scale =
+        s != nullptr && axis == Axis::rows ? static_cast<M>(widen_value(s[i])) : M(1);
+    const Src *a = in + i * src.ld;
+    Dst *d = out + i * dst.ld;
+    for (int64_t j = 0; j < cols; ++j) {
+      const M scale = s != nullptr && axis == Axis::cols
+                          ? static_cast<M>(widen_value(s[j]))
+                          : row_scale;
+      M v = scale * static_cast<M>(widen_value(a[j]));
+      if (beta != 0.0f) v += static_cast<M>(beta) * static_cast<M>(widen_value(d[j]));
+      narrow_value(d + j, v);
+    }
+  }
+}
+
+void cpu_scale_into(Context &, Axis axis, const Mat &src, const Vec *s, float beta,
+                    const Mat &dst) {
+  if (src.rows == 0 || src.cols == 0) return;
+  with_type(src.dtype, [&](auto src_tag) {
+    with_type(dst.dtype, [&](auto dst_tag) {
+      using Src = typename decltype(src_tag)::type;
+      using Dst = typename decltype(dst_tag)::type;
+      if (s == nullptr)
+        return scale_typed<Src, float, Dst>(axis, src, nullptr, beta, dst);
+      with_type(s->dtype, [&](auto s_tag) {
+        using S = typename decltype(s_tag)::type;
+        scale_typed<Src, S, Dst>(axis, src, static_cast<const S *>(s->data), beta, dst);
+      });
+    });
+  });
+}
+
+template <class A, class B, class Y>
+void reduce_typed(Axis axis, const Mat &a, const Mat *b, float beta, const Vec &y) {
+  const auto *pa = static_cast<const A *>(a.data);
+  const auto *pb = b != nullptr ? static_cast<const B *>(b->data) : nullptr;
+  auto *py = static_cast<Y *>(y.data);
+  auto term = [&](int64_t i, int64_t j) {
+    const double v = widen_value(pa[i * a.ld + j]);
+    return pb != nullptr ? v * widen_value(pb[i * b->ld + j]) : v;
+  };
+  auto finish = [&](int64_t t, double sum) {
+    narrow_value(py + t, beta != 0.0f ? beta * widen_value(py[t]) + sum : sum);
+  };
+  if (axis == Axis::rows) {
+    for (int64_t i = 0; i < a.rows; ++i) {
+      double sum = 0.0;
+      for (int64_t j = 0; j < a.cols; ++j) sum += term(i, j);
+      finish(i, sum);
+    }
+    return;
+  }
+  /* Columns in blocks, each block's sums in fp64, rows streamed in order. */
+  constexpr int64_t kBlock = 256;
+  for (int64_t j0 = 0; j0 < a.cols; j0 += kBlock) {
+    const int64_t j1 = std::min(a.cols, j0 + kBlock);
+    double sums[kBlock] = {};
+    for (int64_t i = 0; i < a.rows; ++i)
+      for (int64_t j = j0; j < j1; ++j) sums[j - j0] += term(i, j);
+    for (int64_t j = j0; j < j1; ++j) finish(j, sums[j - j0]);
+  }
+}
+
+void cpu_reduce(Context &, Axis axis, const Mat &a, const Mat *b, float beta,
+                const Vec &y) {
+  if (y.n == 0) return;
+  const osfti_dtype_t b_dtype = b != nullptr ? b->dtype : a.dtype;
+  with_type(a.dtype, [&](auto a_tag) {
+    with_type(b_dtype, [&](auto b_tag) {
+      with_type(y.dtype, [&](auto y_tag) {
+        reduce_typed<typename decltype(a_tag)::type, typename decltype(b_tag)::type,
+                     typename decltype(y_tag)::type>(axis, a, b, beta, y);
+      });
+    });
+  });
+}
+
+/* A row stride of 0 repeats the vector down the rows. */
+void cpu_broadcast_rows(Context &ctx, const Vec &v, const Mat &dst) {
+  cpu_scale_into(ctx, Axis::cols, Mat{v.data, dst.rows, dst.cols, 0, v.dtype}, nullptr,
+                 0.0f, dst);
+}
+
+void cpu_fill_zero(Context &, const Mat &dst) {
+  with_type(dst.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    auto *out = static_cast<T *>(dst.data);
+    for (int64_t i = 0; i < dst.rows; ++i)
+      for (int64_t j = 0; j < dst.cols; ++j) narrow_value(out + i * dst.ld + j, 0.0);
+  });
+}
+
+bool cpu_all_finite(Context &, const Mat &a) {
+  bool finite = true;
+  with_type(a.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const auto *in = static_cast<const T *>(a.data);
+    for (int64_t i = 0; i < a.rows && finite; ++i)
+      for (int64_t j = 0; j < a.cols; ++j)
+        if (!std::isfinite(widen_value(in[i * a.ld + j]))) finite = false;
+  });
+  return finite;
+}
+
+/* Order-independent sum of mixed (index, word) pairs: any single changed
+ * element changes the result. */
+uint64_t cpu_fingerprint(Context &, const Mat &a) {
+  auto mix = [](uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  const size_t row_bytes = static_cast<size_t>(a.cols) * osfti_dtype_size(a.dtype);
+  const size_t stride = static_cast<size_t>(a.ld) * osfti_dtype_size(a.dtype);
+  uint64_t h = 0, index = 0;
+  for (int64_t i = 0; i < a.rows; ++i) {
+    const auto *row = static_cast<const unsigned char *>(a.data) + i * stride;
+    for (size_t off = 0; off < row_bytes; off += 8, ++index) {
+      uint64_t word = 0;
+      std::memcpy(&word, row + off, std::min<size_t>(8, row_bytes - off));
+      h += mix(word ^ mix(index + 0x9e3779b97f4a7c15ull));
+    }
+  }
+  return h;
+}
+
+/* LAPACK is column-major: the row-major m x n matrix A is, read as stored,
+ * the column-major n x m matrix A^T = V S U^T. So dgesdd's "U" (n x k,
+ * column-major) is our V^T (k x n, row-major) and its "VT" (k x m,
+ * column-major) is our U (m x k, row-major): no transposes needed. */
+void cpu_svd(Context &ctx, const Mat &a, const Mat &u, const Vec &s, const Mat &vt) {
+  const int64_t m = a.rows, n = a.cols, k = m < n ? m : n;
+  check_blas_dims({m, n});
+  HostBuffer a64(ctx, static_cast<size_t>(m * n) * sizeof(double));
+  HostBuffer vt64(ctx, static_cast<size_t>(k * n) * sizeof(double));
+  HostBuffer u64(ctx, static_cast<size_t>(m * k) * sizeof(double));
+  HostBuffer s64(ctx, static_cast<size_t>(k) * sizeof(double));
+  HostBuffer iwork(ctx, static_cast<size_t>(8 * k) * sizeof(lapack_int));
+  widen(a, a64.as<double>());
+  const lapack_int cm = static_cast<lapack_int>(n), cn = static_cast<lapack_int>(m);
+  const lapack_int lda = cm, ldu = cm, ldvt = static_cast<lapack_int>(k);
+  lapack_int lwork = -1, info = 0;
+  double query = 0.0;
+  LAPACK_dgesdd("S", &cm, &cn, a64.as<double>(), &lda, s64.as<double>(),
+                vt64.as<double>(), &ldu, u64.as<double>(), &ldvt, &query, &lwork,
+                iwork.as<lapack_int>(), &info);
+  if (info != 0)
+    raise(OSFT_STATUS_BACKEND_ERROR, "dgesdd workspace query: info %d", info);
+  lwork = static_cast<lapack_int>(query);
+  HostBuffer work(ctx, static_cast<size_t>(lwork) * sizeof(double));
+  LAPACK_dgesdd("S", &cm, &cn, a64.as<double>(), &lda, s64.as<double>(),
+                vt64.as<double>(), &ldu, u64.as<double>(), &ldvt, work.as<double>(),
+                &lwork, iwork.as<lapack_int>(), &info);
+  if (info > 0)
+    raise(OSFT_STATUS_NUMERICAL_ERROR, "SVD did not converge (dgesdd info %d)", info);
+  if (info < 0) raise(OSFT_STATUS_INTERNAL_ERROR, "dgesdd: argument %d invalid", -info);
+  narrow(u64.as<double>(), u);
+  narrow(vt64.as<double>(), vt);
+  narrow(s64.as<double>(), as_row(s));
+}
+
+}  // namespace
+
+const Backend &cpu_backend() noexcept {
+  static const Backend table = {cpu_gemm,           cpu_scale_into, cpu_reduce,
+                                cpu_broadcast_rows, cpu_svd,        cpu_fill_zero,
+                                cpu_all_finite,     cpu_fingerprint};
+  return table;
+}
+
+}  // namespace osft

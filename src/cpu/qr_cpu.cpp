@@ -1,0 +1,436 @@
+/* The CPU backend of src/backend/qr_backend.h: each job runs LAPACK geqrfp +
+ * orgqr (or CholeskyQR2 on syrk/potrf/trsm) on a column-major copy in its
+ * lane's scratch, so a failed job leaves its outputs untouched. Lanes are
+ * threads; while more than one runs, OpenBLAS is held at one thread: on
+ * two cores, two single-threaded QRs side by side took 0.6x the time of
+ * the same QRs one after another with OpenBLAS's two threads (48 of
+ * 128^2 + 48 of 512^2, fp32), and letting both lanes use OpenBLAS threads
+ * oversubscribed the cores (2-4x slower). Forming Q with GEMMs from the
+ * compact WY form (geqrt3 + trmm + gemm) was measured too: 10% faster at
+ * 128^2, slower from 512^2 on; orgqr is kept. */
+#include <cblas.h>
+#include <lapack.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include "core/error.h"
+#include "backend/qr_backend.h"
+
+namespace osft {
+namespace {
+
+/* ------------------------------------------------------ OpenBLAS threads */
+
+/* Process-wide: the first concurrent QR call sets OpenBLAS to one thread,
+ * the last one restores what was configured. */
+struct BlasThreads {
+  std::mutex mutex;
+  int users = 0;
+  int saved = 1;
+};
+
+BlasThreads &blas_threads() {
+  static BlasThreads *state = new BlasThreads(); /* never destroyed */
+  return *state;
+}
+
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas() {
+    BlasThreads &s = blas_threads();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.users++ == 0) {
+      s.saved = openblas_get_num_threads();
+      openblas_set_num_threads(1);
+    }
+  }
+  ~SingleThreadedBlas() {
+    BlasThreads &s = blas_threads();
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (--s.users == 0) openblas_set_num_threads(s.saved);
+  }
+  SingleThreadedBlas(const SingleThreadedBlas &) = delete;
+  SingleThreadedBlas &operator=(const SingleThreadedBlas &) = delete;
+};
+
+/* OpenBLAS's configured thread count, even while a QR call holds it at 1. */
+int configured_blas_threads() {
+  BlasThreads &s = blas_threads();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return std::max(1, s.users > 0 ? s.saved : openblas_get_num_threads());
+}
+
+/* ------------------------------------------------------- typed LAPACK/BLAS */
+
+using li = lapack_int;
+
+/* geqrfp: geqrf with reflectors chosen so that diag(R) >= 0 (xLARFGP),
+ * which makes Q the sign-convention one without a pass over it. */
+void geqrfp(li m, li n, float *a, float *tau, float *work, li lwork, li *info) {
+  LAPACK_sgeqrfp(&m, &n, a, &m, tau, work, &lwork, info);
+}
+void geqrfp(li m, li n, double *a, double *tau, double *work, li lwork, li *info) {
+  LAPACK_dgeqrfp(&m, &n, a, &m, tau, work, &lwork, info);
+}
+void orgqr(li m, li n, float *a, const float *tau, float *work, li lwork, li *info) {
+  LAPACK_sorgqr(&m, &n, &n, a, &m, tau, work, &lwork, info);
+}
+void orgqr(li m, li n, double *a, const double *tau, double *work, li lwork, li *info) {
+  LAPACK_dorgqr(&m, &n, &n, a, &m, tau, work, &lwork, info);
+}
+void potrf_upper(li n, float *a, li *info) {
+  LAPACK_spotrf("U", &n, a, &n, info);
+}
+void potrf_upper(li n, double *a, li *info) {
+  LAPACK_dpotrf("U", &n, a, &n, info);
+}
+/* g (n x n, upper) = w^T w, w column-major m x n. */
+void gram(int m, int n, const float *w, float *g) {
+  cblas_ssyrk(CblasColMajor, CblasUpper, CblasTrans, n, m, 1.0f, w, m, 0.0f, g, n);
+}
+void gram(int m, int n, const double *w, double *g) {
+  cblas_dsyrk(CblasColMajor, CblasUpper, CblasTrans, n, m, 1.0, w, m, 0.0, g, n);
+}
+/* w = w r^-1, r upper n x n. */
+void solve_right_upper(int m, int n, const float *r, float *w) {
+  cblas_strsm(CblasColMajor, CblasRight, CblasUpper, CblasNoTrans, CblasNonUnit, m, n,
+              1.0f, r, n, w, m);
+}
+void solve_right_upper(int m, int n, const double *r, double *w) {
+  cblas_dtrsm(CblasColMajor, CblasRight, CblasUpper, CblasNoTrans, CblasNonUnit, m, n,
+              1.0, r, n, w, m);
+}
+/* b = r b, r upper n x n. */
+void mul_left_upper(int n, const float *r, float *b) {
+  cblas_strmm(CblasColMajor, CblasLeft, CblasUpper, CblasNoTrans, CblasNonUnit, n, n,
+              1.0f, r, n, b, n);
+}
+void mul_left_upper(int n, const double *r, double *b) {
+  cblas_dtrmm(CblasColMajor, CblasLeft, CblasUpper, CblasNoTrans, CblasNonUnit, n, n, 1.0,
+              r, n, b, n);
+}
+/* out (column-major m x n) = A q, A row-major m x m (row stride lda), i.e.
+ * the column-major A^T, transposed. */
+void product(int m, int n, const float *a, int lda, const float *q, float *out) {
+  cblas_sgemm(CblasColMajor, CblasTrans, CblasNoTrans, m, n, m, 1.0f, a, lda, q, m, 0.0f,
+              out, m);
+}
+void product(int m, int n, const double *a, int lda, const double *q, double *out) {
+  cblas_dgemm(CblasColMajor, CblasTrans, CblasNoTrans, m, n, m, 1.0, a, lda, q, m, 0.0,
+              out, m);
+}
+
+/* Optimal lwork of geqrfp and orgqr for m x n (a workspace query). */
+template <class T>
+li lapack_lwork(li m, li n) {
+  T query[2] = {T(0), T(0)}, dummy[1] = {T(0)};
+  li info = 0;
+  geqrfp(m, n, dummy, dummy, &query[0], -1, &info);
+  orgqr(m, n, dummy, dummy, &query[1], -1, &info);
+  return std::max<li>(static_cast<li>(std::max(query[0], query[1])), std::max<li>(n, 1));
+}
+
+/* --------------------------------------------------------------- copies */
+
+/* OpenBLAS's transposing copy: B (cols x rows, row-major, ldb) = A^T for
+ * A rows x cols row-major (lda). About 8x faster than a tiled loop here
+ * for fp32. A column-major matrix is its transpose, row-major. */
+void transpose(int64_t rows, int64_t cols, const float *a, int64_t lda, float *b,
+               int64_t ldb) {
+  cblas_somatcopy(CblasRowMajor, CblasTrans, static_cast<int>(rows),
+                  static_cast<int>(cols), 1.0f, a, static_cast<int>(lda), b,
+                  static_cast<int>(ldb));
+}
+void transpose(int64_t rows, int64_t cols, const double *a, int64_t lda, double *b,
+               int64_t ldb) {
+  cblas_domatcopy(CblasRowMajor, CblasTrans, static_cast<int>(rows),
+                  static_cast<int>(cols), 1.0, a, static_cast<int>(lda), b,
+                  static_cast<int>(ldb));
+}
+
+/* The exponent field of T's bit pattern, as an unsigned integer mask. */
+template <class T>
+struct ExponentBits;
+template <>
+struct ExponentBits<float> {
+  using type = uint32_t;
+  static constexpr type mask = 0x7f800000u;
+};
+template <>
+struct ExponentBits<double> {
+  using type = uint64_t;
+  static constexpr type mask = 0x7ff0000000000000ull;
+};
+
+/* True if no element is NaN or Inf: those, and only those, have an
+ * all-ones exponent, the largest exponent field there is. Branch-free, so
+ * the compiler vectorizes it. */
+template <class T>
+bool all_finite(const T *p, int64_t n) {
+  using Bits = typename ExponentBits<T>::type;
+  constexpr Bits kExp = ExponentBits<T>::mask;
+  Bits top = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    Bits bits;
+    std::memcpy(&bits, p + i, sizeof bits);
+    top = std::max<Bits>(top, bits & kExp);
+  }
+  return top != kExp;
+}
+
+/* dst (column-major m x n, ld m) = src (a row-major view); false if src
+ * has a NaN or Inf. */
+template <class T>
+bool pack(const Mat &src, T *dst) {
+  transpose(src.rows, src.cols, static_cast<const T *>(src.data), src.ld, dst, src.rows);
+  return all_finite(dst, src.rows * src.cols);
+}
+
+/* dst (a row-major view) = src (column-major, ld = dst.rows). */
+template <class T>
+void unpack(const T *src, const Mat &dst) {
+  transpose(dst.cols, dst.rows, src, dst.rows, static_cast<T *>(dst.data), dst.ld);
+}
+
+/* Rank and finiteness of R from its diagonal (column-major, ld rows). */
+template <class T>
+uint32_t diagonal_flags(const T *r, int64_t ld, int64_t n, double tol) {
+  double big = 0.0, small = INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    const double v = std::fabs(static_cast<double>(r[j + j * ld]));
+    if (!std::isfinite(v)) return kQrNonfiniteResult;
+    big = std::max(big, v);
+    small = std::min(small, v);
+  }
+  return tol >= 0.0 && !(small > tol * big) ? kQrRankDeficient : 0u;
+}
+
+/* ----------------------------------------------------------- lane work */
+
+template <class T>
+using Buffers = QrBuffers<T>;
+
+/* The job's buffers in its lane's scratch (nullptr: only counts). */
+template <class T>
+size_t carve(const QrJob &job, const QrCall &call, char *base, Buffers<T> *b) {
+  const li lwork = lapack_lwork<T>(static_cast<li>(job.m()), static_cast<li>(job.n()));
+  return qr_carve<T>(job, call, lwork, base, b);
+}
+
+void check_info(li info, const char *routine) {
+  if (info < 0)
+    raise(OSFT_STATUS_INTERNAL_ERROR, "%s: argument %d invalid", routine,
+          static_cast<int>(-info));
+}
+
+template <class T>
+class Factorizer {
+ public:
+  Factorizer(const QrJob &job, const QrCall &call, const Buffers<T> &b)
+      : job_(job), call_(call), b_(b), m_(job.m()), n_(job.n()) {}
+
+  /* QR of the matrix `fill` writes into w: Q into w, R into r, with
+   * diag(R) >= 0. Returns the job's flags. */
+  template <class Fill>
+  uint32_t factor(Fill &&fill) {
+    if (call_.method == QrMethod::cholesky_qr2) {
+      const uint32_t f = cholesky_qr2(fill);
+      if ((f & kQrNeedsFallback) == 0) return f;
+      return householder(fill) | kQrFellBack;
+    }
+    return householder(fill);
+  }
+
+ private:
+  template <class Fill>
+  uint32_t householder(Fill &fill) {
+    if (!fill()) return kQrNonfiniteInput;
+    const li m = static_cast<li>(m_), n = static_cast<li>(n_);
+    li info = 0;
+    geqrfp(m, n, b_.w, b_.tau, b_.work, static_cast<li>(b_.lwork), &info);
+    check_info(info, "geqrfp");
+    const uint32_t f = diagonal_flags(b_.w, m_, n_, job_.rank_tol);
+    if (f != 0) return f;
+    for (int64_t j = 0; j < n_; ++j) { /* R = triu(w) */
+      std::memcpy(b_.r + j * n_, b_.w + j * m_, static_cast<size_t>(j + 1) * sizeof(T));
+      std::fill(b_.r + j * n_ + j + 1, b_.r + (j + 1) * n_, T(0));
+    }
+    orgqr(m, n, b_.w, b_.tau, b_.work, static_cast<li>(b_.lwork), &info);
+    check_info(info, "orgqr");
+    return all_finite(b_.w, m_ * n_) && all_finite(b_.r, n_ * n_) ? 0u
+                                                                  : kQrNonfiniteResult;
+  }
+
+  /* ||g - I||_F of the symmetric g whose upper triangle is stored. */
+  double gram_deviation(const T *g) const {
+    double sum = 0.0;
+    for (int64_t j = 0; j < n_; ++j)
+      for (int64_t i = 0; i <= j; ++i) {
+        const double v = static_cast<double>(g[i + j * n_]) - (i == j ? 1.0 : 0.0);
+        sum += (i == j ? 1.0 : 2.0) * v * v;
+      }
+    return std::sqrt(sum);
+  }
+
+  /* One CholeskyQR pass: g = w^T w = R^T R, w = w R^-1. False if the
+   * Cholesky factorization fails. */
+  bool cholesky_pass() {
+    const int m = static_cast<int>(m_), n = static_cast<int>(n_);
+    gram(m, n, b_.w, b_.g);
+    li info = 0;
+    potrf_upper(static_cast<li>(n), b_.g, &info);
+    check_info(info, "potrf");
+    if (info > 0) return false;
+    solve_right_upper(m, n, b_.g, b_.w);
+    return true;
+  }
+
+  template <class Fill>
+  uint32_t cholesky_qr2(Fill &fill) {
+    if (!fill()) return kQrNonfiniteInput;
+    if (!cholesky_pass()) return kQrNeedsFallback;
+    for (int64_t j = 0; j < n_; ++j)
+      for (int64_t i = 0; i < n_; ++i)
+        b_.r[i + j * n_] = i <= j ? b_.g[i + j * n_] : T(0);
+    gram(static_cast<int>(m_), static_cast<int>(n_), b_.w, b_.g);
+    if (!(gram_deviation(b_.g) <= call_.ortho_threshold)) return kQrNeedsFallback;
+    if (!cholesky_pass()) return kQrNeedsFallback;
+    mul_left_upper(static_cast<int>(n_), b_.g, b_.r); /* R = R2 R1 */
+    const uint32_t f = diagonal_flags(b_.r, n_, n_, job_.rank_tol);
+    if (f != 0) return f;
+    return all_finite(b_.w, m_ * n_) && all_finite(b_.r, n_ * n_) ? 0u
+                                                                  : kQrNonfiniteResult;
+  }
+
+  const QrJob &job_;
+  const QrCall &call_;
+  const Buffers<T> &b_;
+  int64_t m_, n_;
+};
+
+template <class T>
+uint32_t run_qr_job(const QrJob &job, const QrCall &call, Buffers<T> &b) {
+  Factorizer<T> f(job, call, b);
+  const uint32_t flags = f.factor([&] { return pack<T>(job.a, b.w); });
+  if (flags & kQrFailureMask) return flags;
+  unpack(b.w, job.q);
+  if (job.r.data != nullptr) unpack(b.r, job.r);
+  return flags;
+}
+
+template <class T>
+uint32_t run_power_job(const QrJob &job, const QrCall &call, Buffers<T> &b) {
+  const int64_t m = job.m(), n = job.n();
+  const Mat &a = job.a;
+  bool finite = pack<T>(job.q, b.p);
+  for (int64_t i = 0; i < m && finite; ++i)
+    finite = all_finite(static_cast<const T *>(a.data) + i * a.ld, m);
+  if (!finite) return kQrNonfiniteInput;
+  Factorizer<T> f(job, call, b);
+  uint32_t flags = 0;
+  for (int it = 0; it < call.iterations; ++it) {
+    flags |= f.factor([&] {
+      product(static_cast<int>(m), static_cast<int>(n), static_cast<const T *>(a.data),
+              static_cast<int>(a.ld), b.p, b.w);
+      return true;
+    });
+    if (flags & kQrFailureMask) return flags;
+    std::swap(b.w, b.p);
+  }
+  unpack(b.p, job.q);
+  return flags;
+}
+
+template <class T>
+uint32_t run_job(const QrJob &job, const QrCall &call, char *lane_scratch) {
+  Buffers<T> b;
+  carve<T>(job, call, lane_scratch, &b);
+  return call.iterations > 0 ? run_power_job(job, call, b) : run_qr_job(job, call, b);
+}
+
+void run_one(const QrCall &call, size_t p, char *lane_scratch, uint32_t *flags) {
+  const QrJob &job = call.jobs[p];
+  flags[p] = job.q.dtype == OSFTI_F64 ? run_job<double>(job, call, lane_scratch)
+                                      : run_job<float>(job, call, lane_scratch);
+}
+
+/* -------------------------------------------------------------- the table */
+
+int cpu_default_concurrency(Context &) {
+  return configured_blas_threads();
+}
+
+bool cpu_batched(Context &, const QrJob &, const QrCall &) {
+  return false;
+}
+
+size_t cpu_lane_bytes(Context &, const QrJob &job, const QrCall &call) {
+  return job.q.dtype == OSFTI_F64 ? carve<double>(job, call, nullptr, nullptr)
+                                  : carve<float>(job, call, nullptr, nullptr);
+}
+
+size_t cpu_shared_bytes(Context &, const QrCall &) {
+  return 0;
+}
+
+/* Threads take the jobs, biggest first, as they become free (so a core
+ * that the OS gives to someone else delays nobody), each with its lane's
+ * scratch, which fits any job. Up to kMaxThreads threads, the calling one
+ * included; a thread that cannot be started leaves its share to the rest. */
+constexpr int kMaxThreads = 64;
+
+void cpu_run(Context &ctx, const QrCall &call, void *scratch, uint32_t *flags) {
+  char *base = static_cast<char *>(scratch);
+  HostArray<size_t> order(ctx, call.count);
+  for (size_t p = 0; p < call.count; ++p) order[p] = p;
+  std::stable_sort(order.get(), order.get() + call.count, [&](size_t x, size_t y) {
+    return qr_job_cost(call.jobs[x], call.iterations) >
+           qr_job_cost(call.jobs[y], call.iterations);
+  });
+  if (call.lanes <= 1) {
+    for (size_t i = 0; i < call.count; ++i) run_one(call, order[i], base, flags);
+    return;
+  }
+  SingleThreadedBlas single;
+  const int nthreads = std::min(call.lanes, kMaxThreads);
+  std::atomic<size_t> next{0};
+  std::thread threads[kMaxThreads];
+  std::exception_ptr errors[kMaxThreads];
+  auto worker = [&](int t) {
+    try {
+      for (size_t i; (i = next.fetch_add(1)) < call.count;)
+        run_one(call, order[i], base + call.lane_offset[t], flags);
+    } catch (...) {
+      errors[t] = std::current_exception();
+    }
+  };
+  for (int t = 1; t < nthreads; ++t) {
+    try {
+      threads[t] = std::thread(worker, t);
+    } catch (const std::system_error &) {
+    }
+  }
+  worker(0);
+  for (int t = 1; t < nthreads; ++t)
+    if (threads[t].joinable()) threads[t].join();
+  for (int t = 0; t < nthreads; ++t)
+    if (errors[t]) std::rethrow_exception(errors[t]);
+}
+
+}  // namespace
+
+const QrKernels &cpu_qr_kernels() noexcept {
+  static const QrKernels table = {true,           cpu_default_concurrency, cpu_batched,
+                                  cpu_lane_bytes, cpu_shared_bytes,        cpu_run};
+  return table;
+}
+
+}  // namespace osft

@@ -1,0 +1,44 @@
+/* The CUDA kernels of fused linear cross-entropy (src/backend/flce_backend.h):
+ * launches on the context's stream and device. Only prepare() waits, for
+ * the target check, before the operation enqueues any write to an output. */
+#include <cuda_runtime.h>
+
+#include "cuda/cuda_check.h"
+#include "core/error.h"
+#include "backend/flce_backend.h"
+#include "cuda/device_guard.h"
+#include "cuda/flce_kernels.cuh"
+
+namespace osft {
+namespace {
+
+FlceTotals cuda_prepare(Context &ctx, const FlcePrepare &a) {
+  cuda::DeviceGuard guard(ctx.device_id);
+  cuda::launch_flce_prepare(stream_of(ctx), a);
+  FlceTotals host;
+  check_cuda(cudaMemcpyAsync(&host, a.totals, sizeof host, cudaMemcpyDeviceToHost,
+                             stream_of(ctx)),
+             "cudaMemcpyAsync (target check)");
+  check_cuda(cudaStreamSynchronize(stream_of(ctx)),
+             "cudaStreamSynchronize (target check)");
+  return host;
+}
+
+void cuda_rows(Context &ctx, const FlceRowPass &a) {
+  cuda::DeviceGuard guard(ctx.device_id);
+  cuda::launch_flce_rows(stream_of(ctx), a);
+}
+
+void cuda_finalize(Context &ctx, const FlceFinalize &a) {
+  cuda::DeviceGuard guard(ctx.device_id);
+  cuda::launch_flce_finalize(stream_of(ctx), a);
+}
+
+}  // namespace
+
+const FlceKernels &cuda_flce_kernels() {
+  static const FlceKernels table = {true, cuda_prepare, cuda_rows, cuda_finalize};
+  return table;
+}
+
+}  // namespace osft

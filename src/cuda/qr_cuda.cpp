@@ -1,0 +1,608 @@
+/* The CUDA backend of src/backend/qr_backend.h.
+ *
+ * Small matrices (those that fit one block's shared memory) are factored
+ * together by one batched kernel per dtype on the context's stream. The
+ * others run on "lanes": worker streams, each with its own cuBLAS and
+ * cuSOLVER handle, forked from and joined back to the context's stream
+ * with events. Per matrix, on its lane: a tiled transposing copy into a
+ * column-major scratch matrix (checking for NaN/Inf), cuSOLVER geqrf +
+ * orgqr (or CholeskyQR2: cuBLAS syrk, cuSOLVER potrf, cuBLAS trsm, twice),
+ * checks of diag(R) and of the result, and copies out that skip themselves
+ * on the device when the job's flag says it failed, so a failed matrix's
+ * outputs are never touched and nothing waits for the host. CholeskyQR2's
+ * verdict is also taken on the device; the call then waits once, and
+ * redoes the matrices that need it with Householder.
+ *
+ * Lanes are costly to create (a cuSOLVER handle each), so they are pooled
+ * per device for the life of the process and lent to one call at a time. */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cusolverDn.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "cuda/cuda_check.h"
+#include "core/error.h"
+#include "backend/qr_backend.h"
+#include "cuda/device_guard.h"
+#include "cuda/qr_kernels.cuh"
+
+namespace osft {
+namespace {
+
+namespace kq = cuda::qr;
+using cuda::DeviceGuard;
+
+constexpr int kDefaultLanes = 8;
+constexpr int kMaxStreams = 64;
+constexpr uint32_t kSkipMask = kQrFailureMask | kQrNeedsFallback;
+
+/* ------------------------------------------------------------------ lanes */
+
+struct Lane {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, done = nullptr;
+  cublasHandle_t blas = nullptr;
+  cusolverDnHandle_t solver = nullptr;
+};
+
+void destroy_lane(Lane *l) noexcept {
+  if (l->solver) cusolverDnDestroy(l->solver);
+  if (l->blas) cublasDestroy(l->blas);
+  if (l->start) cudaEventDestroy(l->start);
+  if (l->done) cudaEventDestroy(l->done);
+  if (l->stream) cudaStreamDestroy(l->stream);
+  delete l;
+}
+
+/* On the current device (the caller holds a DeviceGuard). */
+Lane *create_lane(int device) {
+  Lane *l = new Lane();
+  l->device = device;
+  try {
+    check_cuda(cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking),
+               "cudaStreamCreateWithFlags");
+    check_cuda(cudaEventCreateWithFlags(&l->start, cudaEventDisableTiming),
+               "cudaEventCreateWithFlags");
+    check_cuda(cudaEventCreateWithFlags(&l->done, cudaEventDisableTiming),
+               "cudaEventCreateWithFlags");
+    check_blas(cublasCreate(&l->blas), "cublasCreate");
+    check_blas(cublasSetStream(l->blas, l->stream), "cublasSetStream");
+    check_blas(cublasSetPointerMode(l->blas, CUBLAS_POINTER_MODE_HOST),
+               "cublasSetPointerMode");
+    check_solver(cusolverDnCreate(&l->solver), "cusolverDnCreate");
+    check_solver(cusolverDnSetStream(l->solver, l->stream), "cusolverDnSetStream");
+  } catch (...) {
+    destroy_lane(l);
+    throw;
+  }
+  return l;
+}
+
+/* Idle lanes of every device; never destroyed (CUDA may be gone at exit). */
+class LanePool {
+ public:
+  static LanePool &instance() {
+    static LanePool *pool = new LanePool();
+    return *pool;
+  }
+
+  /* Fills out[0..count): idle lanes of `device` first, new ones after. */
+  void acquire(int device, int count, Lane **out) {
+    int got = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (size_t i = idle_.size(); i-- > 0 && got < count;)
+        if (idle_[i]->device == device) {
+          out[got++] = idle_[i];
+          idle_.erase(idle_.begin() + static_cast<std::ptrdiff_t>(i));
+        }
+    }
+    try {
+      for (; got < count; ++got) out[got] = create_lane(device);
+    } catch (...) {
+      release(out, got);
+      throw;
+    }
+  }
+
+  void release(Lane *const *lanes, int count) noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int i = 0; i < count; ++i) {
+      try {
+        idle_.push_back(lanes[i]);
+      } catch (...) {
+        destroy_lane(lanes[i]);
+      }
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<Lane *> idle_;
+};
+
+/* The lanes of one call: forked from the context's stream, joined back
+ * (also when an exception unwinds), returned to the pool. */
+class LaneSet {
+ public:
+  LaneSet(Context &ctx, int count) : main_(stream_of(ctx)), count_(count) {
+    LanePool::instance().acquire(ctx.device_id, count_, lanes_);
+  }
+  ~LaneSet() {
+    if (forked_) join_quietly();
+    LanePool::instance().release(lanes_, count_);
+  }
+  LaneSet(const LaneSet &) = delete;
+  LaneSet &operator=(const LaneSet &) = delete;
+
+  Lane &lane(int l) const noexcept { return *lanes_[l % count_]; }
+
+  /* Every lane waits for what the context's stream has enqueued so far. */
+  void fork() {
+    check_cuda(cudaEventRecord(lanes_[0]->start, main_), "cudaEventRecord");
+    forked_ = true;
+    for (int i = 0; i < count_; ++i)
+      check_cuda(cudaStreamWaitEvent(lanes_[i]->stream, lanes_[0]->start, 0),
+                 "cudaStreamWaitEvent");
+  }
+
+  /* The context's stream waits for everything the lanes enqueued. */
+  void join() {
+    for (int i = 0; i < count_; ++i) {
+      check_cuda(cudaEventRecord(lanes_[i]->done, lanes_[i]->stream), "cudaEventRecord");
+      check_cuda(cudaStreamWaitEvent(main_, lanes_[i]->done, 0), "cudaStreamWaitEvent");
+    }
+    forked_ = false;
+  }
+
+ private:
+  void join_quietly() noexcept {
+    for (int i = 0; i < count_; ++i) {
+      if (cudaEventRecord(lanes_[i]->done, lanes_[i]->stream) == cudaSuccess)
+        cudaStreamWaitEvent(main_, lanes_[i]->done, 0);
+    }
+    cudaGetLastError();
+  }
+
+  cudaStream_t main_;
+  int count_;
+  bool forked_ = false;
+  Lane *lanes_[kMaxStreams] = {};
+};
+
+/* Waits for the context's stream when leaving a scope, so that host
+ * memory a pending copy still reads or writes outlives it. */
+class SyncOnExit {
+ public:
+  explicit SyncOnExit(cudaStream_t s) : stream_(s) {}
+  ~SyncOnExit() {
+    if (cudaStreamSynchronize(stream_) != cudaSuccess) cudaGetLastError();
+  }
+  SyncOnExit(const SyncOnExit &) = delete;
+  SyncOnExit &operator=(const SyncOnExit &) = delete;
+
+ private:
+  cudaStream_t stream_;
+};
+
+/* --------------------------------------------------- typed cuSOLVER/cuBLAS */
+
+cusolverStatus_t geqrf_size(cusolverDnHandle_t h, int m, int n, float *a, int *lwork) {
+  return cusolverDnSgeqrf_bufferSize(h, m, n, a, m, lwork);
+}
+cusolverStatus_t geqrf_size(cusolverDnHandle_t h, int m, int n, double *a, int *lwork) {
+  return cusolverDnDgeqrf_bufferSize(h, m, n, a, m, lwork);
+}
+cusolverStatus_t orgqr_size(cusolverDnHandle_t h, int m, int n, float *a, int *lwork) {
+  return cusolverDnSorgqr_bufferSize(h, m, n, n, a, m, a, lwork);
+}
+cusolverStatus_t orgqr_size(cusolverDnHandle_t h, int m, int n, double *a, int *lwork) {
+  return cusolverDnDorgqr_bufferSize(h, m, n, n, a, m, a, lwork);
+}
+cusolverStatus_t potrf_size(cusolverDnHandle_t h, int n, float *a, int *lwork) {
+  return cusolverDnSpotrf_bufferSize(h, CUBLAS_FILL_MODE_UPPER, n, a, n, lwork);
+}
+cusolverStatus_t potrf_size(cusolverDnHandle_t h, int n, double *a, int *lwork) {
+  return cusolverDnDpotrf_bufferSize(h, CUBLAS_FILL_MODE_UPPER, n, a, n, lwork);
+}
+cusolverStatus_t geqrf(cusolverDnHandle_t h, int m, int n, float *a, float *tau,
+                       float *work, int lwork, int *info) {
+  return cusolverDnSgeqrf(h, m, n, a, m, tau, work, lwork, info);
+}
+cusolverStatus_t geqrf(cusolverDnHandle_t h, int m, int n, double *a, double *tau,
+                       double *work, int lwork, int *info) {
+  return cusolverDnDgeqrf(h, m, n, a, m, tau, work, lwork, info);
+}
+cusolverStatus_t orgqr(cusolverDnHandle_t h, int m, int n, float *a, const float *tau,
+                       float *work, int lwork, int *info) {
+  return cusolverDnSorgqr(h, m, n, n, a, m, tau, work, lwork, info);
+}
+cusolverStatus_t orgqr(cusolverDnHandle_t h, int m, int n, double *a, const double *tau,
+                       double *work, int lwork, int *info) {
+  return cusolverDnDorgqr(h, m, n, n, a, m, tau, work, lwork, info);
+}
+cusolverStatus_t potrf(cusolverDnHandle_t h, int n, float *a, float *work, int lwork,
+                       int *info) {
+  return cusolverDnSpotrf(h, CUBLAS_FILL_MODE_UPPER, n, a, n, work, lwork, info);
+}
+cusolverStatus_t potrf(cusolverDnHandle_t h, int n, double *a, double *work, int lwork,
+                       int *info) {
+  return cusolverDnDpotrf(h, CUBLAS_FILL_MODE_UPPER, n, a, n, work, lwork, info);
+}
+/* g (upper) = w^T w, w column-major m x n */
+cublasStatus_t gram(cublasHandle_t h, int m, int n, const float *w, float *g) {
+  const float one = 1.0f, zero = 0.0f;
+  return cublasSsyrk(h, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_T, n, m, &one, w, m, &zero, g,
+                     n);
+}
+cublasStatus_t gram(cublasHandle_t h, int m, int n, const double *w, double *g) {
+  const double one = 1.0, zero = 0.0;
+  return cublasDsyrk(h, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_T, n, m, &one, w, m, &zero, g,
+                     n);
+}
+/* w = w r^-1, r upper n x n */
+cublasStatus_t solve_right_upper(cublasHandle_t h, int m, int n, const float *r,
+                                 float *w) {
+  const float one = 1.0f;
+  return cublasStrsm(h, CUBLAS_SIDE_RIGHT, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N,
+                     CUBLAS_DIAG_NON_UNIT, m, n, &one, r, n, w, m);
+}
+cublasStatus_t solve_right_upper(cublasHandle_t h, int m, int n, const double *r,
+                                 double *w) {
+  const double one = 1.0;
+  return cublasDtrsm(h, CUBLAS_SIDE_RIGHT, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N,
+                     CUBLAS_DIAG_NON_UNIT, m, n, &one, r, n, w, m);
+}
+/* b = r b in place (cuBLAS's trmm is out of place; C == B is allowed) */
+cublasStatus_t mul_left_upper(cublasHandle_t h, int n, const float *r, float *b) {
+  const float one = 1.0f;
+  return cublasStrmm(h, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N,
+                     CUBLAS_DIAG_NON_UNIT, n, n, &one, r, n, b, n, b, n);
+}
+cublasStatus_t mul_left_upper(cublasHandle_t h, int n, const double *r, double *b) {
+  const double one = 1.0;
+  return cublasDtrmm(h, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N,
+                     CUBLAS_DIAG_NON_UNIT, n, n, &one, r, n, b, n, b, n);
+}
+/* out (column-major m x n) = A q, A row-major m x m = column-major A^T */
+cublasStatus_t product(cublasHandle_t h, int m, int n, const float *a, int lda,
+                       const float *q, float *out) {
+  const float one = 1.0f, zero = 0.0f;
+  return cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, m, &one, a, lda, q, m, &zero, out,
+                     m);
+}
+cublasStatus_t product(cublasHandle_t h, int m, int n, const double *a, int lda,
+                       const double *q, double *out) {
+  const double one = 1.0, zero = 0.0;
+  return cublasDgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, m, &one, a, lda, q, m, &zero, out,
+                     m);
+}
+
+/* The workspace queries read no data, but may reject a null pointer: hand
+ * them a non-null address that is never dereferenced. */
+template <class T>
+T *unused_device_pointer() noexcept {
+  return reinterpret_cast<T *>(static_cast<uintptr_t>(4096));
+}
+
+/* cuSOLVER workspace (elements) for a job: geqrf, orgqr, and potrf for
+ * CholeskyQR2 (whose fall-back needs the first two). */
+template <class T>
+int solver_lwork(Context &ctx, int m, int n, bool cholesky) {
+  const auto h = static_cast<cusolverDnHandle_t>(solver_handle(ctx));
+  T *a = unused_device_pointer<T>();
+  int l1 = 0, l2 = 0, l3 = 0;
+  check_solver(geqrf_size(h, m, n, a, &l1), "geqrf_bufferSize");
+  check_solver(orgqr_size(h, m, n, a, &l2), "orgqr_bufferSize");
+  if (cholesky) check_solver(potrf_size(h, n, a, &l3), "potrf_bufferSize");
+  return std::max({l1, l2, l3, 1});
+}
+
+/* ---------------------------------------------------------------- jobs */
+
+template <class T>
+using Buffers = QrBuffers<T>;
+
+/* The job's buffers in its lane's scratch (nullptr: only counts). */
+template <class T>
+size_t carve(Context &ctx, const QrJob &job, const QrCall &call, char *base,
+             Buffers<T> *out) {
+  const int lwork =
+      solver_lwork<T>(ctx, static_cast<int>(job.m()), static_cast<int>(job.n()),
+                      call.method == QrMethod::cholesky_qr2);
+  return qr_carve<T>(job, call, lwork, base, out);
+}
+
+/* Enqueues one job on its lane. */
+template <class T>
+class JobRunner {
+ public:
+  JobRunner(Context &ctx, const QrCall &call, const Lane &lane, const QrJob &job,
+            char *lane_scratch, uint32_t *flag)
+      : call_(call), lane_(lane), job_(job), flag_(flag), m_(job.m()), n_(job.n()) {
+    carve<T>(ctx, job, call, lane_scratch, &b_);
+  }
+
+  void run(bool cholesky) {
+    cholesky_ = cholesky;
+    if (call_.iterations == 0) return factor_once();
+    power_iteration();
+  }
+
+ private:
+  osfti_dtype_t dtype() const noexcept { return job_.q.dtype; }
+  int m() const noexcept { return static_cast<int>(m_); }
+  int n() const noexcept { return static_cast<int>(n_); }
+  int lwork() const noexcept { return static_cast<int>(b_.lwork); }
+
+  void transfer(kq::View src, kq::View dst, const T *scale, uint32_t check_bit,
+                bool skip_failed, bool upper = false) {
+    kq::Transfer t;
+    t.src = src;
+    t.dst = dst;
+    t.scale = scale;
+    t.axis = scale != nullptr ? kq::Scale::cols : kq::Scale::none;
+    t.upper = upper;
+    t.skip = skip_failed ? flag_ : nullptr;
+    t.skip_mask = kSkipMask;
+    t.flag = check_bit != 0 ? flag_ : nullptr;
+    t.bit = check_bit;
+    kq::launch_transfer(lane_.stream, dtype(), t);
+  }
+
+  kq::View work_view(T *p) const noexcept { return kq::col_major(p, m_, n_, m_); }
+
+  void factor_once() {
+    const Mat &a = job_.a;
+    transfer(kq::row_major(a.data, m_, n_, a.ld), work_view(b_.w), nullptr,
+             kQrNonfiniteInput, false);
+    factor(job_.r.data != nullptr);
+    transfer(work_view(b_.w), kq::row_major(job_.q.data, m_, n_, job_.q.ld),
+             cholesky_ ? nullptr : b_.sign, 0, true);
+    if (job_.r.data != nullptr)
+      transfer(kq::col_major(b_.r, n_, n_, n_),
+               kq::row_major(job_.r.data, n_, n_, job_.r.ld), nullptr, 0, true);
+  }
+
+  void power_iteration() {
+    const Mat &a = job_.a, &q = job_.q;
+    transfer(kq::row_major(q.data, m_, n_, q.ld), work_view(b_.p), nullptr,
+             kQrNonfiniteInput, false);
+    transfer(kq::row_major(a.data, m_, m_, a.ld), kq::View{}, nullptr, kQrNonfiniteInput,
+             false);
+    for (int it = 0; it < call_.iterations; ++it) {
+      check_blas(product(lane_.blas, m(), n(), static_cast<const T *>(a.data),
+                         static_cast<int>(a.ld), b_.p, b_.w),
+                 "cublas gemm (A Q)");
+      factor(false);
+      transfer(work_view(b_.w), work_view(b_.p), cholesky_ ? nullptr : b_.sign, 0, false);
+    }
+    transfer(work_view(b_.p), kq::row_major(q.data, m_, n_, q.ld), nullptr, 0, true);
+  }
+
+  /* w -> Q in place (Householder: before the sign fix, signs in b_.sign);
+   * R into b_.r when wanted (always for CholeskyQR2). */
+  void factor(bool want_r) {
+    if (cholesky_) return cholesky_qr2();
+    check_solver(geqrf(lane_.solver, m(), n(), b_.w, b_.tau, b_.work, lwork(), b_.info),
+                 "cusolverDn geqrf");
+    kq::launch_diagonal(lane_.stream, dtype(), b_.w, m_, n_, b_.sign, flag_,
+                        job_.rank_tol);
+    if (want_r) { /* R = diag(sign) * triu(w) */
+      kq::Transfer t;
+      t.src = kq::col_major(b_.w, n_, n_, m_);
+      t.dst = kq::col_major(b_.r, n_, n_, n_);
+      t.scale = b_.sign;
+      t.axis = kq::Scale::rows;
+      t.upper = true;
+      kq::launch_transfer(lane_.stream, dtype(), t);
+    }
+    check_solver(orgqr(lane_.solver, m(), n(), b_.w, b_.tau, b_.work, lwork(), b_.info),
+                 "cusolverDn orgqr");
+    transfer(work_view(b_.w), kq::View{}, nullptr, kQrNonfiniteResult, false);
+  }
+
+  /* One CholeskyQR pass: g = w^T w = R^T R (info: its Cholesky), w = w R^-1. */
+  void cholesky_pass(int *info) {
+    check_blas(gram(lane_.blas, m(), n(), b_.w, b_.g), "cublas syrk");
+    check_solver(potrf(lane_.solver, n(), b_.g, b_.work, lwork(), info),
+                 "cusolverDn potrf");
+    check_blas(solve_right_upper(lane_.blas, m(), n(), b_.g, b_.w), "cublas trsm");
+  }
+
+  void cholesky_qr2() {
+    cholesky_pass(b_.info);
+    kq::Transfer r1; /* R1 = triu(g) */
+    r1.src = kq::col_major(b_.g, n_, n_, n_);
+    r1.dst = kq::col_major(b_.r, n_, n_, n_);
+    r1.upper = true;
+    kq::launch_transfer(lane_.stream, dtype(), r1);
+    check_blas(gram(lane_.blas, m(), n(), b_.w, b_.g), "cublas syrk");
+    check_cuda(cudaMemsetAsync(b_.acc, 0, sizeof(double), lane_.stream),
+               "cudaMemsetAsync");
+    kq::launch_gram_deviation(lane_.stream, dtype(), b_.g, n_, b_.acc);
+    check_solver(potrf(lane_.solver, n(), b_.g, b_.work, lwork(), b_.info + 1),
+                 "cusolverDn potrf");
+    check_blas(solve_right_upper(lane_.blas, m(), n(), b_.g, b_.w), "cublas trsm");
+    check_blas(mul_left_upper(lane_.blas, n(), b_.g, b_.r), "cublas trmm"); /* R2 R1 */
+    kq::launch_cholqr2_verdict(lane_.stream, b_.info, 2, b_.acc, call_.ortho_threshold,
+                               flag_);
+    kq::launch_diagonal(lane_.stream, dtype(), b_.r, n_, n_, nullptr, flag_,
+                        job_.rank_tol);
+    transfer(work_view(b_.w), kq::View{}, nullptr, kQrNonfiniteResult, false);
+  }
+
+  const QrCall &call_;
+  const Lane &lane_;
+  const QrJob &job_;
+  uint32_t *flag_;
+  int64_t m_, n_;
+  bool cholesky_ = false;
+  Buffers<T> b_;
+};
+
+/* -------------------------------------------------------------- the call */
+
+/* The call's shared scratch: per-job flags, then the small jobs'
+ * descriptors. */
+struct Shared {
+  uint32_t *flags;
+  kq::SmallDesc *descs;
+};
+
+size_t small_jobs(const QrCall &call) {
+  size_t n = 0;
+  while (n < call.count && call.jobs[n].lane < 0) ++n; /* they come first */
+  return n;
+}
+
+Shared shared_layout(const QrCall &call, char *base) {
+  Shared s;
+  s.flags = reinterpret_cast<uint32_t *>(base);
+  s.descs =
+      reinterpret_cast<kq::SmallDesc *>(base + qr_align(call.count * sizeof(uint32_t)));
+  return s;
+}
+
+/* The batched kernel, one launch per dtype (small jobs are sorted by it).
+ * `host` must stay alive until the context's stream has passed the copy. */
+void run_small(Context &ctx, const QrCall &call, const Shared &s,
+               const HostArray<kq::SmallDesc> &host) {
+  const size_t count = small_jobs(call);
+  if (count == 0) return;
+  for (size_t p = 0; p < count; ++p) {
+    const QrJob &j = call.jobs[p];
+    kq::SmallDesc &d = host[p];
+    d.a = j.a.data;
+    d.lda = j.a.ld;
+    d.q = j.q.data;
+    d.ldq = j.q.ld;
+    d.r = j.r.data;
+    d.ldr = j.r.ld;
+    d.m = static_cast<int32_t>(j.m());
+    d.n = static_cast<int32_t>(j.n());
+    d.rank_tol = j.rank_tol;
+    d.flag_index = static_cast<int64_t>(p);
+  }
+  check_cuda(cudaMemcpyAsync(s.descs, host.get(), count * sizeof(kq::SmallDesc),
+                             cudaMemcpyHostToDevice, stream_of(ctx)),
+             "cudaMemcpyAsync");
+  for (size_t first = 0; first < count;) {
+    const osfti_dtype_t dt = call.jobs[first].q.dtype;
+    size_t last = first, smem = 0;
+    for (; last < count && call.jobs[last].q.dtype == dt; ++last)
+      smem =
+          std::max(smem, kq::small_smem_bytes(dt, call.jobs[last].m(),
+                                              call.jobs[last].n(), call.iterations > 0));
+    kq::launch_small_qr(stream_of(ctx), dt, s.descs + first,
+                        static_cast<int>(last - first), smem, call.iterations, s.flags);
+    first = last;
+  }
+}
+
+/* Enqueues the lane jobs (those with redo[p] set, if redo is given)
+ * between a fork and a join of the lanes. */
+void run_lanes(Context &ctx, const QrCall &call, const LaneSet &lanes, char *scratch,
+               uint32_t *flags, bool cholesky, const uint32_t *redo) {
+  for (size_t p = 0; p < call.count; ++p) {
+    const QrJob &job = call.jobs[p];
+    if (job.lane < 0 || (redo != nullptr && redo[p] == 0)) continue;
+    char *base = scratch + call.lane_offset[job.lane];
+    const Lane &lane = lanes.lane(job.lane);
+    if (job.q.dtype == OSFTI_F64)
+      JobRunner<double>(ctx, call, lane, job, base, flags + p).run(cholesky);
+    else
+      JobRunner<float>(ctx, call, lane, job, base, flags + p).run(cholesky);
+  }
+}
+
+/* Reads the device flags into `flags` (waits for the context's stream). */
+void read_flags(Context &ctx, const QrCall &call, const uint32_t *device,
+                uint32_t *flags) {
+  check_cuda(cudaMemcpyAsync(flags, device, call.count * sizeof(uint32_t),
+                             cudaMemcpyDeviceToHost, stream_of(ctx)),
+             "cudaMemcpyAsync");
+  check_cuda(cudaStreamSynchronize(stream_of(ctx)), "cudaStreamSynchronize");
+}
+
+/* Small jobs run on the context's stream while the lanes run the others. */
+void cuda_run(Context &ctx, const QrCall &call, void *scratch, uint32_t *flags) {
+  DeviceGuard guard(ctx.device_id);
+  char *base = static_cast<char *>(scratch);
+  const Shared s = shared_layout(call, base);
+  HostArray<kq::SmallDesc> descs(ctx, small_jobs(call));
+  HostArray<uint32_t> redo(ctx, call.count);
+  SyncOnExit sync(stream_of(ctx)); /* before descs and flags may go */
+  check_cuda(cudaMemsetAsync(s.flags, 0, call.count * sizeof(uint32_t), stream_of(ctx)),
+             "cudaMemsetAsync");
+  const bool cholesky = call.method == QrMethod::cholesky_qr2;
+  if (small_jobs(call) == call.count) {
+    run_small(ctx, call, s, descs);
+  } else {
+    LaneSet lanes(ctx, std::min(call.lanes, kMaxStreams));
+    lanes.fork();
+    run_small(ctx, call, s, descs);
+    run_lanes(ctx, call, lanes, base, s.flags, cholesky, nullptr);
+    lanes.join();
+    if (cholesky) {
+      read_flags(ctx, call, s.flags, flags);
+      size_t again = 0;
+      for (size_t p = 0; p < call.count; ++p) {
+        /* A NaN/Inf input fails either way: no point redoing it. */
+        if ((flags[p] & kQrNeedsFallback) == 0 || (flags[p] & kQrNonfiniteInput) != 0)
+          continue;
+        redo[p] = 1;
+        ++again;
+        check_cuda(cudaMemsetAsync(s.flags + p, 0, sizeof(uint32_t), stream_of(ctx)),
+                   "cudaMemsetAsync");
+      }
+      if (again > 0) {
+        lanes.fork();
+        run_lanes(ctx, call, lanes, base, s.flags, false, redo.get());
+        lanes.join();
+      }
+    }
+  }
+  read_flags(ctx, call, s.flags, flags);
+  for (size_t p = 0; p < call.count; ++p) {
+    flags[p] &= ~static_cast<uint32_t>(kQrNeedsFallback);
+    if (redo[p] != 0) flags[p] |= kQrFellBack;
+  }
+}
+
+/* -------------------------------------------------------------- the table */
+
+int cuda_default_concurrency(Context &) {
+  return kDefaultLanes;
+}
+
+bool cuda_batched(Context &ctx, const QrJob &job, const QrCall &call) {
+  return kq::small_smem_bytes(job.q.dtype, job.m(), job.n(), call.iterations > 0) <=
+         kq::small_smem_limit(ctx.device_id);
+}
+
+size_t cuda_lane_bytes(Context &ctx, const QrJob &job, const QrCall &call) {
+  DeviceGuard guard(ctx.device_id);
+  return job.q.dtype == OSFTI_F64 ? carve<double>(ctx, job, call, nullptr, nullptr)
+                                  : carve<float>(ctx, job, call, nullptr, nullptr);
+}
+
+size_t cuda_shared_bytes(Context &, const QrCall &call) {
+  return qr_align(call.count * sizeof(uint32_t)) +
+         qr_align(small_jobs(call) * sizeof(kq::SmallDesc));
+}
+
+}  // namespace
+
+const QrKernels &cuda_qr_kernels() {
+  static const QrKernels table = {false,           cuda_default_concurrency, cuda_batched,
+                                  cuda_lane_bytes, cuda_shared_bytes,        cuda_run};
+  return table;
+}
+
+}  // namespace osft

@@ -1,0 +1,93 @@
+/* Internal: fused linear cross-entropy behind osft_flce_t — the handle and
+ * its options (flce_handle.cpp), validation and chunk planning
+ * (flce_plan.cpp), and the chunked computation (flce_compute.cpp), written
+ * once for both backends on src/backend/linalg_backend.h and src/backend/flce_backend.h.
+ */
+#ifndef OSFTRT_SRC_OPS_FLCE_OPS_H
+#define OSFTRT_SRC_OPS_FLCE_OPS_H
+
+#include "backend/linalg_backend.h"
+#include "backend/flce_backend.h"
+#include "core/scratch.h"
+#include "osftrt/flce.h"
+
+struct osft_flce_s {
+  osft::Context *ctx = nullptr;
+  osft_flce_options_t opts{};
+  bool counted = false; /* registered, and counted in ctx->live_children */
+};
+
+namespace osft {
+
+using Flce = osft_flce_s;
+
+/* ---- handle (flce_handle.cpp) */
+osft_flce_options_t read_flce_options(const osft_flce_options_t *user);
+Flce *create_flce(Context &ctx, const osft_flce_options_t &opts);
+void destroy_flce(Flce *flce) noexcept;
+Flce &checked_flce(osft_flce_t flce, const char *arg);
+
+/* ---- validation and planning (flce_plan.cpp) */
+
+/* A validated call: the arguments as backend views. */
+struct FlceCall {
+  int64_t m = 0, v = 0, h = 0;
+  Mat x, w;
+  FlceTargets targets;
+  Vec bias, class_weight; /* data nullptr: none */
+  const float *grad_loss = nullptr;
+  Mat grad_x, grad_w; /* data nullptr: not requested */
+  Vec grad_b;
+  Vec loss, z_loss, accuracy, argmax, token_loss;
+  float beta_x = 0, beta_w = 0, beta_b = 0; /* 1: accumulate */
+  bool want_grad() const noexcept {
+    return grad_x.data != nullptr || grad_w.data != nullptr || grad_b.data != nullptr;
+  }
+};
+
+/* Checks `in` and `out` against the handle and the context; throws naming
+ * the argument. Reads no tensor data. */
+FlceCall check_call(const Flce &f, const osft_flce_inputs_t &in,
+                    const osft_flce_outputs_t &out);
+
+/* Scratch slots of a call (-1: not needed). */
+struct FlceSlots {
+  int totals = -1, token_loss = -1, token_z = -1, token_argmax = -1;
+  int logits = -1;   /* chunk x Vp fp32 */
+  int x32 = -1;      /* chunk x H fp32: x widened (no bf16 GEMM) */
+  int w32 = -1;      /* V x H fp32: W widened (no bf16 GEMM) */
+  int gw32 = -1;     /* V x H fp32: grad_weight accumulator */
+  int gb32 = -1;     /* V fp32: grad_bias accumulator */
+  int records = -1;  /* vocab parallelism: chunk x kFlceRecordWords fp32 */
+  int gathered = -1; /* ranks x chunk x kFlceRecordWords fp32 */
+};
+
+struct FlcePlan {
+  int64_t chunk_rows = 0, chunks = 0;
+  size_t budget = 0;
+  ScratchPlan scratch;
+  FlceSlots slots;
+};
+
+/* Chooses the chunk size from the budget and lays out the scratch. Throws
+ * OSFT_STATUS_OUT_OF_MEMORY if one row does not fit. */
+FlcePlan plan_call(const Flce &f, const FlceCall &call);
+
+/* The number of ranks W is sharded over (1: the single-rank path). */
+int vocab_ranks(const Flce &f) noexcept;
+
+/* The logits row stride: V rounded up so rows stay 64-byte aligned. */
+int64_t padded_vocab(int64_t v) noexcept;
+
+/* ---- computation (flce_compute.cpp)
+ * Vocab-parallel mode (opts.comm of more than one rank): W sharded over V,
+ * each rank runs the same chunks over its classes. The row pass splits at
+ * its statistics: a per-row record (FlceRecordWord) per rank, one
+ * all-gather per chunk, every rank combining them into the global lse,
+ * then the gradient pass with it; grad_x partial sums are all-reduced once
+ * at the end; grad_W and grad_b stay sharded. */
+void compute(Flce &f, const osft_flce_inputs_t &in, const osft_flce_outputs_t &out);
+
+}  // namespace osft
+
+#endif

@@ -1,0 +1,95 @@
+/* Internal: the factorized-linear (OSFT) layer behind osft_flinear_t —
+ * factor storage and views, the cost model, and the two strategies, written
+ * once on the backend primitives (src/backend/linalg_backend.h). */
+#ifndef OSFTRT_SRC_OPS_FLINEAR_OPS_H
+#define OSFTRT_SRC_OPS_FLINEAR_OPS_H
+
+#include "backend/linalg_backend.h"
+#include "core/scratch.h"
+#include "osftrt/flinear.h"
+
+/* One factor's DLTensor descriptor, with shape/strides stored alongside so
+ * the layer owns them. */
+struct FactorTensor {
+  DLTensor t{};
+  int64_t shape[2] = {0, 0};
+  int64_t strides[2] = {0, 0};
+};
+
+struct osft_flinear_s {
+  osft::Context *ctx = nullptr;
+  int64_t n = 0;   /* out features (rows of W) */
+  int64_t kin = 0; /* in features (columns of W) */
+  int64_t r = 0;   /* frozen rank */
+  int64_t l = 0;   /* trainable rank */
+  osfti_dtype_t factor_dtype = OSFTI_DTYPE_INVALID;
+  osft_flinear_strategy_t strategy = OSFT_FLINEAR_AUTO;
+  FactorTensor factor[6]; /* indexed by osft_flinear_factor_t */
+  /* Runtime-owned storage (create_from_weight): U (n x (r+l)), S, V^T. */
+  void *owned[3] = {nullptr, nullptr, nullptr};
+  size_t owned_bytes[3] = {0, 0, 0};
+  /* Cache of the frozen product U_high diag(S_high) V_high, fp32 n x kin,
+   * built on first use by the dense strategy. */
+  void *w_high = nullptr;
+  /* The last rebuilt dense W (fp32 n x kin) and the fingerprint of the
+   * trainable factors it was built from (0: none). */
+  void *w_cur = nullptr;
+  uint64_t w_cur_fingerprint = 0;
+  bool counted = false; /* registered, and counted in ctx->live_children */
+};
+
+namespace osft {
+
+using Layer = osft_flinear_s;
+
+/* The factors as backend views, with the high and low parts fused into
+ * one matrix where they are adjacent in memory. */
+struct FactorViews {
+  Mat u_high, u_low, v_high, v_low;
+  Vec s_high, s_low;
+  bool u_fused = false, v_fused = false, s_fused = false;
+  Mat u_all, v_all; /* valid when fused: n x (r+l), (r+l) x kin */
+  Vec s_all;
+};
+
+/* ---- layer lifetime (flinear_layer.cpp) */
+Layer *create_from_weight(Context &ctx, const DLTensor *weight,
+                          const osft_flinear_options_t &opts);
+Layer *create_from_factors(Context &ctx, const osft_flinear_factors_t &factors,
+                           const osft_flinear_options_t &opts);
+void destroy_layer(Layer *layer) noexcept;
+Layer &checked_layer(osft_flinear_t layer, const char *arg);
+FactorViews factor_views(const Layer &layer);
+void get_factor(const Layer &layer, int which, DLTensor *view);
+void merge(Layer &layer, const DLTensor *weight);
+void redecompose(Layer &layer, const DLTensor *weight);
+void refresh(Layer &layer) noexcept;
+osft_flinear_options_t read_flinear_options(const osft_flinear_options_t *user);
+
+/* ---- cost model (flinear_plan.cpp) */
+/* Which gradients a backward computes. */
+struct GradRequest {
+  bool x = true, u = true, s = true, v = true, bias = true;
+};
+osft_flinear_strategy_t choose_strategy(const Layer &layer, int64_t tokens,
+                                        osft_flinear_pass_t pass, const GradRequest &want,
+                                        osfti_dtype_t compute);
+
+/* ---- computation (flinear_compute.cpp) */
+/* Scratch slots build_dense() needs, added to an operation's plan. */
+struct DenseSlots {
+  int us = -1;  /* n x max(r, l) fp32: U diag(S) */
+  int v32 = -1; /* max(r, l) x kin fp32: V widened (bf16 factors only) */
+};
+DenseSlots plan_dense(const Layer &layer, ScratchPlan &plan);
+/* W = W_high + U_low diag(S_low) V_low into an fp32 n x kin matrix; builds
+ * the W_high cache on first use. */
+void build_dense(Layer &layer, const Mat &w, const ScratchPlan &plan,
+                 const DenseSlots &slots);
+void forward(Layer &layer, const DLTensor *x, const DLTensor *bias, DLTensor *y);
+void backward(Layer &layer, const DLTensor *x, const DLTensor *grad_y,
+              const osft_flinear_grads_t &grads);
+
+}  // namespace osft
+
+#endif
