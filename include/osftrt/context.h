@@ -1,5 +1,6 @@
-/*
- * libosftrt — contexts: a device, a stream, library handles, memory.
+/**
+ * @file
+ * @brief libosftrt — contexts: a device, a stream, library handles, memory.
  *
  * A context is the first argument of every operation. It owns
  *   - one device: the CPU, or one CUDA GPU (by ordinal);
@@ -13,14 +14,29 @@
  *     every byte the library allocates for this context (host and device),
  *     so a framework's caching allocator can own all memory.
  *
+ * @par Thread safety
  * Threading: a context is used by one thread at a time (like a cuBLAS
  * handle); calls on the same context from several threads at once must be
  * serialized by the caller. Different contexts are fully independent and
  * may be used concurrently from different threads.
  *
+ * @par Asynchrony
  * Asynchrony: on CUDA, operations are enqueued on the context's stream and
  * may return before the device has finished; osft_context_synchronize()
  * waits. On the CPU, operations complete before they return.
+ *
+ * @code
+ *   osft_context_options_t o;
+ *   OSFT_CONTEXT_OPTIONS_INIT(&o);
+ *   o.device_type = OSFT_DEVICE_CUDA;  // GPU 0, the legacy default stream
+ *   o.workspace_limit = 2ull << 30;    // at most 2 GiB of scratch
+ *   osft_context_t ctx;
+ *   if (osft_context_create(&ctx, &o) != OSFT_STATUS_SUCCESS)
+ *     fputs(osft_last_error(), stderr);
+ *   ...
+ *   osft_context_synchronize(ctx);
+ *   osft_context_destroy(ctx);
+ * @endcode
  */
 #ifndef OSFTRT_CONTEXT_H
 #define OSFTRT_CONTEXT_H
@@ -35,34 +51,59 @@
 extern "C" {
 #endif
 
-/* An opaque context handle. Create with osft_context_create(), destroy with
- * osft_context_destroy(). */
+/**
+ * @defgroup osftrt_context Contexts
+ * @brief A device, a stream, library handles and memory: the first argument
+ * of every operation (osftrt/context.h).
+ * @{
+ */
+
+/**
+ * @brief An opaque context handle.
+ *
+ * Create with osft_context_create(), destroy with
+ * osft_context_destroy().
+ */
 typedef struct osft_context_s *osft_context_t;
 
-/* Device types. The values equal DLPack's DLDeviceType codes (kDLCPU = 1,
- * kDLCUDA = 2) and are fixed forever (ABI.md). */
+/**
+ * @brief Device types.
+ *
+ * The values equal DLPack's DLDeviceType codes (kDLCPU = 1,
+ * kDLCUDA = 2) and are fixed forever (ABI.md).
+ */
 typedef enum osft_device_type_e {
-  OSFT_DEVICE_CPU = 1,
-  OSFT_DEVICE_CUDA = 2
+  OSFT_DEVICE_CPU = 1, /**< The host CPU (kDLCPU). */
+  OSFT_DEVICE_CUDA = 2 /**< A CUDA GPU (kDLCUDA). */
 } osft_device_type_t;
 
-/*
- * Writes to *count how many devices of `type` this process can use: 1 for
+/**
+ * @brief Writes to *count how many devices of `type` this process can use.
+ *
+ * 1 for
  * OSFT_DEVICE_CPU; for OSFT_DEVICE_CUDA the number of visible GPUs, and 0
  * when CUDA is not compiled in, or there is no driver or no GPU (these are
- * not errors: this is how a caller picks a backend). Thread-safe.
+ * not errors: this is how a caller picks a backend).
  *
- * Errors: OSFT_STATUS_INVALID_ARGUMENT if count is NULL or type is unknown.
+ * @param[in]  type   The device type.
+ * @param[out] count  Receives the number of devices.
+ * @retval OSFT_STATUS_SUCCESS  *count was written (0 included).
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  if count is NULL or type is unknown.
+ * @par Thread safety
+ * Thread-safe.
  */
 OSFT_API osft_status_t osft_device_count(osft_device_type_t type, int *count);
 
-/*
- * Caller-supplied memory callbacks. Either both host callbacks are set or
+/**
+ * @brief Caller-supplied memory callbacks.
+ *
+ * Either both host callbacks are set or
  * neither (NULL pair: the built-in aligned malloc/free), and likewise for the
  * device pair (NULL pair: the built-in cudaMalloc/cudaFree). Every block obtained from an
  * *_alloc is returned to the matching *_free exactly once, with the same size, before
  * osft_context_destroy() returns.
  *
+ * @code{.unparsed}
  *   host_alloc(user, bytes, alignment): `alignment` is a power of two
  *     (at least 64); return NULL on failure (the call then fails with
  *     OSFT_STATUS_OUT_OF_MEMORY). Never called with bytes == 0.
@@ -71,188 +112,301 @@ OSFT_API osft_status_t osft_device_count(osft_device_type_t type, int *count);
  *     the call, a cudaStream_t as void *); aligned to at least 256 bytes.
  *   *_free(user, ptr, bytes[, device_id, stream]): `bytes` is the size that
  *     was requested for `ptr`.
+ * @endcode
  *
+ * @par Thread safety
  * Callbacks may be invoked from any thread using the context, and must not
  * call back into the library with the same context.
  */
 typedef struct osft_allocator_s {
-  size_t struct_size; /* sizeof(osft_allocator_t) as the caller compiled it */
-  void *user;         /* passed back to every callback */
+  size_t struct_size; /**< sizeof(osft_allocator_t) as the caller compiled it */
+  void *user;         /**< passed back to every callback */
+  /** Host memory of `bytes` bytes aligned to `alignment` (see above). */
   void *(*host_alloc)(void *user, size_t bytes, size_t alignment);
+  /** Returns a block of host_alloc (see above). */
   void (*host_free)(void *user, void *ptr, size_t bytes);
+  /** Device memory on `device_id`, usable on `stream` (see above). */
   void *(*device_alloc)(void *user, size_t bytes, int device_id, void *stream);
+  /** Returns a block of device_alloc (see above). */
   void (*device_free)(void *user, void *ptr, size_t bytes, int device_id, void *stream);
 } osft_allocator_t;
 
-/*
- * Fills *allocator with the defaults (all callbacks NULL: built-in
+/**
+ * @brief Fills *allocator with the defaults (all callbacks NULL: built-in
  * allocation) for a struct of `struct_size` bytes, and sets
- * allocator->struct_size = struct_size. Pass sizeof(osft_allocator_t), or
+ * allocator->struct_size = struct_size.
+ *
+ * Pass sizeof(osft_allocator_t), or
  * use OSFT_ALLOCATOR_INIT(&a). Bytes beyond what this library knows are
  * zeroed.
  *
- * Errors: OSFT_STATUS_INVALID_ARGUMENT (allocator NULL),
- * OSFT_STATUS_INVALID_STRUCT_SIZE (struct_size below the 1.0 layout). On
+ * @param[out] allocator    The struct to fill.
+ * @param[in]  struct_size  sizeof(*allocator) as the caller compiled it.
+ * @return OSFT_STATUS_SUCCESS, or an error; on
  * error nothing is written.
+ * @retval OSFT_STATUS_SUCCESS  The defaults were written.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (allocator NULL)
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  (struct_size below the 1.0 layout)
  */
 OSFT_API osft_status_t osft_allocator_init(osft_allocator_t *allocator,
                                            size_t struct_size);
 #define OSFT_ALLOCATOR_INIT(a) osft_allocator_init((a), sizeof(*(a)))
 
-/*
- * Options for osft_context_create(). Initialize with
+/**
+ * @brief Options for osft_context_create().
+ *
+ * Initialize with
  * OSFT_CONTEXT_OPTIONS_INIT(&o) (or osft_context_options_init), then set
  * fields. New fields are only ever appended (ABI.md).
  */
 typedef struct osft_context_options_s {
-  size_t struct_size; /* sizeof(osft_context_options_t) as compiled */
-  /* Device type. Default OSFT_DEVICE_CPU. */
+  size_t struct_size; /**< sizeof(osft_context_options_t) as compiled */
+  /** Device type. Default OSFT_DEVICE_CPU. */
   osft_device_type_t device_type;
-  /* CUDA device ordinal (as in cudaSetDevice); must be 0 for the CPU.
+  /** CUDA device ordinal (as in cudaSetDevice); must be 0 for the CPU.
    * Default 0. */
   int device_id;
-  /* CUDA stream (cudaStream_t) for all work of the context; NULL means the
+  /** CUDA stream (cudaStream_t) for all work of the context; NULL means the
    * legacy default stream. Must be NULL for the CPU. Default NULL. The
    * context does not take ownership. */
   void *stream;
-  /* Memory callbacks, copied at creation (the struct need not outlive the
+  /** Memory callbacks, copied at creation (the struct need not outlive the
    * call, the callbacks and their user data must outlive the context).
    * NULL: built-in allocation. Default NULL. */
   const osft_allocator_t *allocator;
-  /* Upper bound, in bytes, on the context's workspace (scratch) memory. An
+  /** Upper bound, in bytes, on the context's workspace (scratch) memory. An
    * operation that would need more fails with OSFT_STATUS_OUT_OF_MEMORY, or,
    * where the operation is chunked, picks smaller chunks to stay within it.
    * 0 means no limit. Default 0. */
   size_t workspace_limit;
 } osft_context_options_t;
 
-/*
- * Fills *opts with the defaults documented above for a struct of
- * `struct_size` bytes and sets opts->struct_size = struct_size. Pass
+/**
+ * @brief Fills *opts with the defaults documented above for a struct of
+ * `struct_size` bytes and sets opts->struct_size = struct_size.
+ *
+ * Pass
  * sizeof(osft_context_options_t), or use OSFT_CONTEXT_OPTIONS_INIT(&o).
  * Bytes beyond what this library knows are zeroed, which the library reads
  * as "default" for fields added after it was built.
  *
- * Errors: OSFT_STATUS_INVALID_ARGUMENT (opts NULL),
- * OSFT_STATUS_INVALID_STRUCT_SIZE (struct_size below the 1.0 layout). On
+ * @param[out] opts         The struct to fill.
+ * @param[in]  struct_size  sizeof(*opts) as the caller compiled it.
+ * @return OSFT_STATUS_SUCCESS, or an error; on
  * error nothing is written.
+ * @retval OSFT_STATUS_SUCCESS  The defaults were written.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (opts NULL)
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  (struct_size below the 1.0 layout)
  */
 OSFT_API osft_status_t osft_context_options_init(osft_context_options_t *opts,
                                                  size_t struct_size);
 #define OSFT_CONTEXT_OPTIONS_INIT(o) osft_context_options_init((o), sizeof(*(o)))
 
-/*
- * Creates a context and writes its handle to *ctx. `opts` may be NULL for a
+/**
+ * @brief Creates a context and writes its handle to *ctx.
+ *
+ * `opts` may be NULL for a
  * CPU context with all defaults; it is only read during the call.
  *
  * For CUDA the device is checked (the driver is loaded, the ordinal exists);
  * cuBLAS/cuSOLVER handles are created later, on first use. The context's
  * own bookkeeping is allocated with the host allocator.
  *
- * Errors (nothing is written to *ctx):
- *   OSFT_STATUS_INVALID_ARGUMENT: ctx NULL; unknown device_type; negative
- *     device_id; device_id or stream set for a CPU context; an allocator
- *     with only one callback of a pair.
- *   OSFT_STATUS_INVALID_STRUCT_SIZE: opts or opts->allocator struct_size.
- *   OSFT_STATUS_NOT_SUPPORTED: CUDA requested but not compiled in.
- *   OSFT_STATUS_NO_DEVICE: no CUDA driver/GPU, or device_id >= the number of
- *     GPUs.
- *   OSFT_STATUS_OUT_OF_MEMORY: the host allocator failed.
+ * @param[out] ctx   Receives the new context.
+ * @param[in]  opts  The options, or NULL (a CPU context with all defaults).
+ * @return OSFT_STATUS_SUCCESS, or one of the errors below (nothing is written
+ * to *ctx).
+ * @retval OSFT_STATUS_SUCCESS  The context was created.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  ctx NULL; unknown device_type;
+ *   negative device_id; device_id or stream set for a CPU context; an
+ *   allocator with only one callback of a pair.
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  opts or opts->allocator
+ *   struct_size.
+ * @retval OSFT_STATUS_NOT_SUPPORTED  CUDA requested but not compiled in.
+ * @retval OSFT_STATUS_NO_DEVICE  no CUDA driver/GPU, or device_id >= the
+ *   number of GPUs.
+ * @retval OSFT_STATUS_OUT_OF_MEMORY  the host allocator failed.
+ * @par Thread safety
  * Thread-safe.
  */
 OSFT_API osft_status_t osft_context_create(osft_context_t *ctx,
                                            const osft_context_options_t *opts);
 
-/*
- * Destroys a context: waits for its pending device work, releases its
+/**
+ * @brief Destroys a context: waits for its pending device work, releases its
  * workspace and library handles, and returns every block to the allocator
- * it came from. NULL is accepted and does nothing.
+ * it came from.
  *
- * Errors (nothing happens then): OSFT_STATUS_INVALID_HANDLE if ctx is not a
- * live context (e.g. destroyed twice); OSFT_STATUS_INVALID_ARGUMENT while
- * handles created from it (e.g. osft_flinear_t layers) are still alive —
- * destroy those first. OSFT_STATUS_BACKEND_ERROR if the device reported an
- * error while synchronizing; the context is destroyed all the same.
+ * NULL is accepted and does nothing.
+ *
+ * @param[in] ctx  The context, or NULL.
+ * @return OSFT_STATUS_SUCCESS, or one of the errors below.
+ * @retval OSFT_STATUS_SUCCESS  The context was destroyed (or ctx is NULL).
+ * @retval OSFT_STATUS_INVALID_HANDLE  (nothing happens then) if ctx is not a
+ *   live context (e.g. destroyed twice).
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (nothing happens then) while handles
+ *   created from it (e.g. osft_flinear_t layers) are still alive — destroy
+ *   those first.
+ * @retval OSFT_STATUS_BACKEND_ERROR  if the device reported an error while
+ *   synchronizing; the context is destroyed all the same.
  */
 OSFT_API osft_status_t osft_context_destroy(osft_context_t ctx);
 
-/* Writes the context's device type and ordinal (0 for the CPU). Either
- * out-pointer may be NULL to skip it. Errors: OSFT_STATUS_INVALID_HANDLE. */
+/**
+ * @brief Writes the context's device type and ordinal (0 for the CPU).
+ *
+ * Either
+ * out-pointer may be NULL to skip it.
+ *
+ * @param[in]  ctx        The context.
+ * @param[out] type       Receives the device type, or NULL.
+ * @param[out] device_id  Receives the device ordinal, or NULL.
+ * @retval OSFT_STATUS_SUCCESS  The values were written.
+ * @retval OSFT_STATUS_INVALID_HANDLE  ctx is not a live context.
+ */
 OSFT_API osft_status_t osft_context_get_device(osft_context_t ctx,
                                                osft_device_type_t *type, int *device_id);
 
-/*
- * Sets the CUDA stream (cudaStream_t as void *, NULL for the legacy default
- * stream) for all later work of the context, and rebinds its cuBLAS and
- * cuSOLVER handles. Work already enqueued stays on the previous stream: the
+/**
+ * @brief Sets the CUDA stream (cudaStream_t as void *, NULL for the legacy
+ * default stream) for all later work of the context, and rebinds its cuBLAS
+ * and cuSOLVER handles.
+ *
+ * Work already enqueued stays on the previous stream: the
  * caller orders the two streams if needed. Not owned by the context.
  *
- * Errors: OSFT_STATUS_INVALID_HANDLE; OSFT_STATUS_INVALID_ARGUMENT for a
- * non-NULL stream on a CPU context; OSFT_STATUS_BACKEND_ERROR if a library
- * handle could not be rebound (the stream is then unchanged).
+ * @param[in] ctx     The context.
+ * @param[in] stream  A cudaStream_t as void *, or NULL.
+ * @retval OSFT_STATUS_SUCCESS  The stream is set.
+ * @retval OSFT_STATUS_INVALID_HANDLE  ctx is not a live context.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  for a non-NULL stream on a CPU
+ *   context.
+ * @retval OSFT_STATUS_BACKEND_ERROR  if a library handle could not be
+ *   rebound (the stream is then unchanged).
  */
 OSFT_API osft_status_t osft_context_set_stream(osft_context_t ctx, void *stream);
 
-/* Writes the context's stream to *stream (NULL on the CPU and for the default
- * stream). Errors: OSFT_STATUS_INVALID_HANDLE; OSFT_STATUS_INVALID_ARGUMENT
- * (stream NULL). */
+/**
+ * @brief Writes the context's stream to *stream (NULL on the CPU and for the
+ * default stream).
+ *
+ * @param[in]  ctx     The context.
+ * @param[out] stream  Receives the stream (a cudaStream_t as void *).
+ * @retval OSFT_STATUS_SUCCESS  *stream was written.
+ * @retval OSFT_STATUS_INVALID_HANDLE  ctx is not a live context.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (stream NULL)
+ */
 OSFT_API osft_status_t osft_context_get_stream(osft_context_t ctx, void **stream);
 
-/* Blocks until all work enqueued on the context's stream has finished (a
- * no-op on the CPU). Errors: OSFT_STATUS_INVALID_HANDLE;
- * OSFT_STATUS_BACKEND_ERROR with the CUDA error name. */
+/**
+ * @brief Blocks until all work enqueued on the context's stream has finished
+ * (a no-op on the CPU).
+ *
+ * @param[in] ctx  The context.
+ * @retval OSFT_STATUS_SUCCESS  The stream is idle.
+ * @retval OSFT_STATUS_INVALID_HANDLE  ctx is not a live context.
+ * @retval OSFT_STATUS_BACKEND_ERROR  with the CUDA error name.
+ */
 OSFT_API osft_status_t osft_context_synchronize(osft_context_t ctx);
 
-/*
- * Grows the workspace to at least `bytes` now, so that later operations do
- * not allocate (useful before graph capture or timing). Never shrinks it.
+/**
+ * @brief Grows the workspace to at least `bytes` now, so that later
+ * operations do not allocate (useful before graph capture or timing).
+ *
+ * Never shrinks it.
  * Growing frees the old block before allocating the larger one, so the
  * memory held peaks at the larger size, not at the sum of both.
  *
- * Errors: OSFT_STATUS_INVALID_HANDLE; OSFT_STATUS_OUT_OF_MEMORY if `bytes`
- * exceeds the workspace limit (nothing changes) or the allocator fails (the
- * old size is allocated again where the allocator allows, else the
- * workspace is left empty and grows on the next demand).
+ * @param[in] ctx    The context.
+ * @param[in] bytes  The least workspace size, in bytes.
+ * @retval OSFT_STATUS_SUCCESS  The workspace holds at least `bytes`.
+ * @retval OSFT_STATUS_INVALID_HANDLE  ctx is not a live context.
+ * @retval OSFT_STATUS_OUT_OF_MEMORY  if `bytes` exceeds the workspace limit
+ *   (nothing changes) or the allocator fails (the old size is allocated again
+ *   where the allocator allows, else the workspace is left empty and grows on
+ *   the next demand).
  */
 OSFT_API osft_status_t osft_context_reserve_workspace(osft_context_t ctx, size_t bytes);
 
-/* Frees the workspace (it is grown again on demand). On CUDA, waits for the
- * context's stream first. Errors: OSFT_STATUS_INVALID_HANDLE. */
+/**
+ * @brief Frees the workspace (it is grown again on demand).
+ *
+ * On CUDA, waits for the
+ * context's stream first.
+ *
+ * @param[in] ctx  The context.
+ * @retval OSFT_STATUS_SUCCESS  The workspace was freed.
+ * @retval OSFT_STATUS_INVALID_HANDLE  ctx is not a live context.
+ * @retval OSFT_STATUS_BACKEND_ERROR  On CUDA, waiting for the stream failed
+ *   (as in osft_context_synchronize()).
+ */
 OSFT_API osft_status_t osft_context_release_workspace(osft_context_t ctx);
 
-/* Writes the current workspace size in bytes to *bytes. Errors:
- * OSFT_STATUS_INVALID_HANDLE; OSFT_STATUS_INVALID_ARGUMENT (bytes NULL). */
+/**
+ * @brief Writes the current workspace size in bytes to *bytes.
+ *
+ * @param[in]  ctx    The context.
+ * @param[out] bytes  Receives the size in bytes.
+ * @retval OSFT_STATUS_SUCCESS  *bytes was written.
+ * @retval OSFT_STATUS_INVALID_HANDLE  ctx is not a live context.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (bytes NULL)
+ */
 OSFT_API osft_status_t osft_context_get_workspace_size(osft_context_t ctx, size_t *bytes);
 
-/*
- * Memory the library holds for a context, in bytes, counted at the
+/**
+ * @brief Memory the library holds for a context, in bytes, counted at the
  * allocator (what the callbacks or the built-in allocator handed out).
+ *
  * Benchmarks use the peaks to report scratch memory.
  */
 typedef struct osft_memory_stats_s {
-  size_t struct_size;       /* set by the caller: sizeof as compiled */
-  uint64_t host_in_use;     /* host bytes allocated and not yet freed */
-  uint64_t host_peak;       /* maximum of host_in_use since creation/reset */
-  uint64_t device_in_use;   /* device bytes allocated and not yet freed */
-  uint64_t device_peak;     /* maximum of device_in_use since creation/reset */
-  uint64_t host_allocs;     /* number of host allocations since creation */
-  uint64_t device_allocs;   /* number of device allocations since creation */
-  uint64_t workspace_bytes; /* current workspace size (part of *_in_use) */
+  size_t struct_size;       /**< set by the caller: sizeof as compiled */
+  uint64_t host_in_use;     /**< host bytes allocated and not yet freed */
+  uint64_t host_peak;       /**< maximum of host_in_use since creation/reset */
+  uint64_t device_in_use;   /**< device bytes allocated and not yet freed */
+  uint64_t device_peak;     /**< maximum of device_in_use since creation/reset */
+  uint64_t host_allocs;     /**< number of host allocations since creation */
+  uint64_t device_allocs;   /**< number of device allocations since creation */
+  uint64_t workspace_bytes; /**< current workspace size (part of *_in_use) */
 } osft_memory_stats_t;
 
-/*
- * Writes the context's memory statistics into *stats, whose struct_size the
- * caller has set (fields beyond it are not written).
+/**
+ * @brief Writes the context's memory statistics into *stats, whose
+ * struct_size the caller has set (fields beyond it are not written).
  *
- * Errors: OSFT_STATUS_INVALID_HANDLE; OSFT_STATUS_INVALID_ARGUMENT (stats
- * NULL); OSFT_STATUS_INVALID_STRUCT_SIZE (below the 1.0 layout).
+ * @param[in]     ctx    The context.
+ * @param[in,out] stats  In: struct_size set by the caller; out: the
+ *                       statistics.
+ * @retval OSFT_STATUS_SUCCESS  *stats was written.
+ * @retval OSFT_STATUS_INVALID_HANDLE  ctx is not a live context.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (stats NULL)
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  (below the 1.0 layout)
  */
 OSFT_API osft_status_t osft_context_get_memory_stats(osft_context_t ctx,
                                                      osft_memory_stats_t *stats);
 
-/* Sets host_peak and device_peak to the current in-use values. Errors:
- * OSFT_STATUS_INVALID_HANDLE. */
+/**
+ * @brief Sets host_peak and device_peak to the current in-use values.
+ *
+ * @param[in] ctx  The context.
+ * @retval OSFT_STATUS_SUCCESS  The peaks were reset.
+ * @retval OSFT_STATUS_INVALID_HANDLE  ctx is not a live context.
+ */
 OSFT_API osft_status_t osft_context_reset_peak_memory(osft_context_t ctx);
+
+/**
+ * @def OSFT_ALLOCATOR_INIT(a)
+ * @brief osft_allocator_init() with the struct's own size.
+ * @param a  Pointer to an osft_allocator_t.
+ */
+
+/**
+ * @def OSFT_CONTEXT_OPTIONS_INIT(o)
+ * @brief osft_context_options_init() with the struct's own size.
+ * @param o  Pointer to an osft_context_options_t.
+ */
+
+/** @} */
 
 #ifdef __cplusplus
 }

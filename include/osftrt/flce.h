@@ -1,34 +1,57 @@
-/*
- * libosftrt — fused linear cross-entropy (the LM-head loss), with the
+/**
+ * @file
+ * @brief libosftrt — fused linear cross-entropy (the LM-head loss), with the
  * logits never materialized.
  *
  * For hidden states x (M x H, M tokens), a weight W (V x H, V classes), an
  * optional bias b (V) and class targets y (M), one call computes the loss of
  *
+ * @code{.unparsed}
  *   z = x W^T + b                 logits, M x V (never held whole)
  *   z = s * tanh(z / s)           optional logit softcap s
  *   lse = log sum_j exp(z_j),  p = softmax(z)
+ * @endcode
  *
  * and, when asked, dL/dx, dL/dW and dL/db. Per token i, with label
  * smoothing a (eps = a / V), z-loss scale lambda and class weights w
  * (all 1 without them; Wsum = sum_j w_j):
  *
- *   loss_i = (1 - a) w_y (lse - z_y) + eps (lse Wsum - sum_j w_j z_j)
- *            + lambda lse^2
- *   dloss_i/dz_j = ((1 - a) w_y + eps Wsum + 2 lambda lse) p_j - eps w_j
- *                  - (1 - a) w_y [j == y]
+ * @code{.unparsed}
+ *   ce_i   = (1 - a) w_y (lse - z_y) + eps (lse Wsum - sum_j w_j z_j)
+ *   zl_i   = lambda lse^2            the z-loss: never times a class weight
+ *   loss_i = ce_i + zl_i
+ *   dce_i/dz_j = ((1 - a) w_y + eps Wsum) p_j - eps w_j - (1 - a) w_y [j == y]
+ *   dzl_i/dz_j = 2 lambda lse p_j
+ * @endcode
  *
  * times the softcap's chain factor 1 - tanh^2 where it is on. Tokens whose
  * target equals ignore_index contribute nothing (loss 0, gradient 0).
  *
- * Reductions. OSFT_FLCE_SUM: sum_i loss_i. OSFT_FLCE_MEAN: sum_i loss_i / D,
- * where D = sum of w_y over the tokens that are not ignored (their count
- * without class weights); the z-loss term is inside loss_i, so it is divided
- * by D too. OSFT_FLCE_NONE: the per-token losses. When D is 0 (every target
- * ignored, or all their class weights 0) the mean is defined as 0 and all
- * gradients as 0 (not NaN); the same holds for a call with no tokens.
+ * @par Reductions
+ * With D = the sum of w_y over the tokens that are not ignored (their count
+ * without class weights) and N = the number of tokens that are not ignored:
  *
- * How it runs. Tokens are processed in chunks of C rows. Per chunk:
+ * @code{.unparsed}
+ *   OSFT_FLCE_MEAN:  L = sum_i ce_i / D + sum_i zl_i / N
+ *   OSFT_FLCE_SUM:   L = sum_i ce_i + sum_i zl_i
+ *   OSFT_FLCE_NONE:  L_i = ce_i + zl_i             (one per token)
+ * @endcode
+ *
+ * and the gradients are those of L (for MEAN: dce_i/dz / D + dzl_i/dz / N
+ * per token, times grad_loss). So under MEAN the cross-entropy part is the
+ * class-weighted mean of torch.nn.functional.cross_entropy(weight=,
+ * label_smoothing=), and the z-loss part the plain mean of lambda lse^2 over
+ * the tokens that count, as in Liger-Kernel and PaLM: scaling every class
+ * weight by a constant changes neither. A part whose denominator is 0 is
+ * defined as 0, its gradient 0 (not NaN): D = 0 (every target ignored, or
+ * all their class weights 0) drops the cross-entropy part of MEAN, N = 0
+ * (every target ignored, or a call with no tokens) all of it. Changed after
+ * 1.0.0: MEAN used to divide the z-loss part by D as well (L = sum_i loss_i
+ * / D); see the change log in ABI.md. The same outside peers: see
+ * "Compatibility" below.
+ *
+ * @par How it runs
+ * Tokens are processed in chunks of C rows. Per chunk:
  * the logits chunk (C x V, fp32) is computed into a reused scratch buffer by
  * a GEMM; one row pass computes the row statistics in fp32 (an online
  * max/sum, the target logit, the smoothing sum, the argmax) and writes the
@@ -38,8 +61,10 @@
  * comes from the memory budget (osft_flce_options_t::memory_budget); a
  * larger budget means fewer read-modify-writes of grad_W.
  *
+ * @par Scratch memory
  * Scratch memory (taken from the context's workspace, counted by
  * osft_context_get_memory_stats) is, in bytes:
+ * @code{.unparsed}
  *   per chunk row   4 * Vp (fp32 logits; Vp = V rounded up to 16)
  *                   + 4 * H on the CPU with bf16 x (x widened for OpenBLAS)
  *   fixed           16 * M (per-token loss, z-loss, argmax) + small,
@@ -47,18 +72,21 @@
  *                     accumulator is OSFT_FLCE_ACCUMULATOR_FP32,
  *                   + 4 * V * H on the CPU with a bf16 weight (widened once),
  *                   + 4 * V when grad_bias is bf16.
+ * @endcode
  * osft_flce_get_plan() reports the chunk size and the scratch of a call.
  * The GEMMs and the bias-gradient sum may take small temporaries of their
  * own, not counted in the budget: C x H floats on the CPU with a bf16
  * grad_x, a few times V floats on CUDA with grad_bias.
  *
- * Precision. x and W are fp32 or bf16 (the same dtype). GEMMs take their
+ * @par Precision
+ * x and W are fp32 or bf16 (the same dtype). GEMMs take their
  * operands in that dtype and accumulate in fp32 (on the CPU, bf16 operands
  * are widened to fp32 first). Logits, row statistics and the loss are fp32
  * (sums over tokens in fp64). The in-place gradient g is fp32, or bf16 on
  * CUDA with bf16 x (the backward GEMMs then run on tensor cores).
  *
- * Validation. Every argument is checked before anything is written:
+ * @par Validation
+ * Every argument is checked before anything is written:
  * shapes, dtypes, layouts, devices, overlaps, and the target values (a
  * target outside [0, V) that is not ignore_index fails with
  * OSFT_STATUS_INDEX_OUT_OF_RANGE naming the first such token). On CUDA the
@@ -67,13 +95,15 @@
  * output; everything after that is asynchronous on the context's stream.
  * Because of that wait, a call cannot be captured into a CUDA graph.
  *
- * Use in a trainer. The loss and the gradients come from one call, so an
+ * @par Use in a trainer
+ * The loss and the gradients come from one call, so an
  * autograd framework calls it in its forward with the gradients requested
  * and hands them out in the backward. Where the upstream gradient is known
  * in advance (1, or 1 / steps under gradient accumulation) pass it as
  * grad_loss: it is folded into the gradient, with no rescaling pass over
  * grad_W afterwards. Evaluation uses forward-only calls:
  *
+ * @code
  *   osft_flce_t ce;   osft_flce_options_t o;   OSFT_FLCE_OPTIONS_INIT(&o);
  *   o.ignore_index = -100;   o.memory_budget = 1u << 30;
  *   osft_flce_create(ctx, &o, &ce);
@@ -85,8 +115,10 @@
  *   if (osft_flce_compute(ce, &in, &out) != OSFT_STATUS_SUCCESS)
  *     fprintf(stderr, "%s\n", osft_last_error());
  *   osft_flce_destroy(ce);
+ * @endcode
  *
- * Vocab parallelism. With a communicator of P > 1 ranks in the options,
+ * @par Vocab parallelism
+ * With a communicator of P > 1 ranks in the options,
  * W is sharded over V: rank p passes rows [vocab_offset_p, vocab_offset_p +
  * V_p) of the global weight as in->weight (V_p >= 1 rows; uneven shards are
  * fine; the shards must tile [0, vocab_size_global) exactly, which the call
@@ -102,11 +134,13 @@
  * rank order (the max trick: M = max_p m_p, S = sum_p s_p e^(m_p - M)) into
  * the global lse, loss, z-loss and argmax (lowest global index on ties),
  * then forms its gradient columns with the global lse. The call starts with
- * one exchange of per-rank totals (class-weight sums, the target check,
- * the shard bounds, the shapes and whether grad_x is requested, which must
- * agree); every rank then chunks with the fewest rows any rank's budget
- * allows. Argument errors a rank finds before that exchange are its own:
- * the other ranks then wait in it until the communicator's timeout. grad_x
+ * one exchange of per-rank totals (the partial sums of Wsum and D, which
+ * add up to the global ones; N needs no exchange, every rank counts the
+ * replicated targets; the target check, the shard bounds, the shapes and
+ * whether grad_x is requested, which must agree); every rank then chunks
+ * with the fewest rows any rank's budget allows. Argument errors a rank
+ * finds before that exchange are its own: the other ranks then wait in it
+ * until the communicator's timeout. grad_x
  * is all-reduced (sum) ONCE at the end over the whole tensor (same bytes as
  * per chunk, fewer collectives; a grad_x padded on any rank is reduced row
  * by row); with OSFT_FLCE_ACCUMULATE_GRAD_X rank 0's old grad_x is the
@@ -117,6 +151,96 @@
  * CUDA use a NCCL communicator on the same context (collectives on device
  * buffers).
  *
+ * @par Compatibility
+ * What each option of the usual peers maps to, and what still differs. In
+ * every row "same" means the same loss and gradients up to rounding, which
+ * tests/c/test_flce_semantics.c checks against a float64 reference of the
+ * formulas above for every combination of the options.
+ *
+ * @code{.unparsed}
+ * Liger-Kernel LigerFusedLinearCrossEntropyLoss / liger_fused_linear_cross_entropy
+ *   (_input, lin_weight, target, bias) -> in->x, in->weight, in->targets, in->bias
+ *   ce_weight         in->class_weight (fp32, V). Same: ce_i as above (the
+ *                     smoothing term weighted by w_j, Wsum = sum of all w_j),
+ *                     MEAN divides the CE part by D. Differs only at D = 0
+ *                     with N > 0: Liger divides by 0 (NaN), here the part is 0.
+ *   ignore_index      opts.ignore_index (default -100 in both). Same: such
+ *                     tokens leave the loss, N, D, the z-loss and the
+ *                     gradient; an ignore_index inside [0, V) still counts
+ *                     in Wsum and in the smoothing sum of the other tokens.
+ *   lse_square_scale  opts.z_loss_scale. Same: lambda lse^2 per token not
+ *                     ignored, not class-weighted; MEAN divides by N
+ *                     (Liger's n_non_ignore), SUM sums, NONE per token.
+ *   label_smoothing   opts.label_smoothing. Same: eps = a / V.
+ *   reduction         opts.reduction: "mean" MEAN, "sum" SUM, "none" NONE.
+ *                     NONE takes the per-token upstream gradient as
+ *                     in->grad_loss at the call (Liger folds it in backward).
+ *   softcap           opts.softcap (None: 0). Same: s tanh(z / s) of the
+ *                     logits after the bias, gradient times 1 - tanh^2.
+ *   return_z_loss     out->z_loss. Same value; fp32 here, where Liger returns
+ *                     it in the input's dtype (rounded to bf16 for bf16 x).
+ *   accum_dtype       opts.accumulator: torch.float32 is
+ *                     OSFT_FLCE_ACCUMULATOR_FP32 (the default here); None
+ *                     (Liger's default: grad_weight and grad_bias summed in
+ *                     the parameter dtype) is OSFT_FLCE_ACCUMULATOR_OUTPUT,
+ *                     rounding after each chunk (chunk sizes differ, so the
+ *                     bf16 rounding does too).
+ *   return_token_accuracy    out->accuracy (one fraction for every reduction;
+ *                     Liger gives per-token values under "none").
+ *   return_predicted_tokens  out->argmax (written for ignored tokens too).
+ *   use_token_scaling        none.
+ *   Precision: Liger forms the logits chunk in the input dtype (bf16 logits,
+ *   bias added in bf16) and writes the logit gradient into it; here the
+ *   logits are fp32 (fp32 GEMM accumulation, bias added in fp32). bf16 runs
+ *   therefore differ by the bf16 rounding of the logits, not by formula.
+ *
+ * Apple Cut Cross-Entropy linear_cross_entropy(e, c, targets, bias, ...)
+ *   e, c, targets, bias  in->x, in->weight, in->targets, in->bias
+ *   ignore_index      opts.ignore_index (default -100 in both). Same.
+ *   softcap           opts.softcap (None: 0). Same.
+ *   reduction         opts.reduction. Same: "mean" is over N (CCE has no
+ *                     class weights). Every token ignored: CCE's mean is NaN,
+ *                     here 0.
+ *   shift             none: pass targets already shifted (targets[t] =
+ *                     labels[t + shift], the last shift positions of each
+ *                     sequence ignore_index). Same loss for MEAN and SUM;
+ *                     NONE then has shift zeros per sequence more.
+ *   filter_eps, filter_e_grad, filter_c_grad   none: no gradient entry is
+ *                     ever skipped, as filter_eps=None (impl "cce_exact").
+ *   accum_e_fp32      no option: each grad_x row comes from one GEMM with
+ *                     fp32 accumulation (as accum_e_fp32=True).
+ *   accum_c_fp32      opts.accumulator: True is OSFT_FLCE_ACCUMULATOR_FP32,
+ *                     False OSFT_FLCE_ACCUMULATOR_OUTPUT.
+ *   impl              none (one implementation per device).
+ *   vocab_parallel_options=VocabParallelOptions(start, stop, group)
+ *                     opts.comm, opts.vocab_offset = start,
+ *                     opts.vocab_size_global = V; stop is vocab_offset plus
+ *                     in->weight's rows. Same: every rank gets the loss and
+ *                     grad_x, and its own rows of the classifier gradient.
+ *   return_lse with cut_cross_entropy.utils.compute_z_loss: MEAN loss +
+ *                     lambda * compute_z_loss(lse, targets) is MEAN with
+ *                     z_loss_scale = lambda (both over N).
+ *   (CCE has no class weights and no label smoothing.)
+ *
+ * PyTorch F.cross_entropy(x @ W.T + b, target, weight, ignore_index,
+ *                         reduction, label_smoothing)
+ *   weight            in->class_weight. Same, label smoothing included
+ *                     (eps sum_j w_j (lse - z_j), MEAN over D).
+ *   ignore_index      opts.ignore_index. Same (default -100 in both).
+ *   reduction         opts.reduction. Same; MEAN with every token ignored or
+ *                     D = 0 is NaN in PyTorch, 0 here.
+ *   label_smoothing   opts.label_smoothing. Same.
+ *   size_average, reduce   deprecated in PyTorch: use reduction.
+ *   probability (soft) targets   not supported.
+ *   z-loss            not in PyTorch: F.cross_entropy(...) + lambda *
+ *                     (lse[valid] ** 2).mean() is MEAN with z_loss_scale =
+ *                     lambda; .sum() with reduction="sum" is SUM.
+ *   softcap           not in PyTorch: s * torch.tanh(logits / s) first.
+ *   Precision: PyTorch on bf16 logits rounds them to bf16 first; the usual
+ *   logits.float() matches the fp32 logits here.
+ * @endcode
+ *
+ * @par Thread safety
  * Threading: a handle belongs to its context; use it from one thread at a
  * time (like the context). Handles on different contexts are independent.
  */
@@ -136,123 +260,167 @@
 extern "C" {
 #endif
 
-/* An opaque fused linear cross-entropy handle: the loss settings. */
+/**
+ * @defgroup osftrt_flce Fused linear cross-entropy
+ * @brief The LM-head loss and its gradients in one chunked pass, with the
+ * logits never materialized (osftrt/flce.h).
+ *
+ * The formulas, the chunking, the scratch memory, the precision and vocab
+ * parallelism are described in flce.h.
+ * @{
+ */
+
+/** @brief An opaque fused linear cross-entropy handle: the loss settings. */
 typedef struct osft_flce_s *osft_flce_t;
 
-/* How per-token losses are combined. Values fixed forever (ABI.md). */
+/** @brief How per-token losses are combined. Values fixed forever (ABI.md). */
 typedef enum osft_flce_reduction_e {
-  OSFT_FLCE_MEAN = 0, /* sum / D (see above): a scalar */
-  OSFT_FLCE_SUM = 1,  /* a scalar */
-  OSFT_FLCE_NONE = 2  /* one loss per token */
+  OSFT_FLCE_MEAN = 0, /**< CE part / D + z-loss part / N (see above): a scalar */
+  OSFT_FLCE_SUM = 1,  /**< a scalar */
+  OSFT_FLCE_NONE = 2  /**< one loss per token */
 } osft_flce_reduction_t;
 
-/* Where grad_weight and grad_bias are summed over chunks. Values fixed
- * forever. Both are the same for fp32 gradients. */
+/**
+ * @brief Where grad_weight and grad_bias are summed over chunks.
+ *
+ * Values fixed forever. Both are the same for fp32 gradients.
+ */
 typedef enum osft_flce_accumulator_e {
-  /* An fp32 accumulator (scratch of V x H floats for a bf16 grad_weight),
+  /** An fp32 accumulator (scratch of V x H floats for a bf16 grad_weight),
    * rounded once to the gradient's dtype at the end. Default. */
   OSFT_FLCE_ACCUMULATOR_FP32 = 0,
-  /* In the gradient's own dtype: a bf16 grad_weight is rounded after every
+  /** In the gradient's own dtype: a bf16 grad_weight is rounded after every
    * chunk. Saves the 4 * V * H bytes of scratch, costs precision. On the
    * CPU the GEMM still widens grad_weight to fp32 per chunk (no saving). */
   OSFT_FLCE_ACCUMULATOR_OUTPUT = 1
 } osft_flce_accumulator_t;
 
-/* Options of a handle. Initialize with OSFT_FLCE_OPTIONS_INIT(&o). */
+/** @brief Options of a handle. Initialize with OSFT_FLCE_OPTIONS_INIT(&o). */
 typedef struct osft_flce_options_s {
-  size_t struct_size; /* sizeof(osft_flce_options_t) as compiled */
-  /* Tokens with this target are ignored (any value; it may lie in
+  size_t struct_size; /**< sizeof(osft_flce_options_t) as compiled */
+  /** Tokens with this target are ignored (any value; it may lie in
    * [0, V), which then ignores that class). Default -100. */
   int64_t ignore_index;
-  /* Label smoothing a in [0, 1]. Default 0. */
+  /** Label smoothing a in [0, 1]. Default 0. */
   double label_smoothing;
-  /* z-loss scale lambda >= 0 (adds lambda * lse^2 per token). Default 0. */
+  /** z-loss scale lambda >= 0 (adds lambda * lse^2 per token). Default 0. */
   double z_loss_scale;
-  /* Logit softcap s: z = s * tanh(z / s); 0 turns it off, otherwise it
+  /** Logit softcap s: z = s * tanh(z / s); 0 turns it off, otherwise it
    * must be positive and finite. Default 0. */
   double softcap;
-  /* Default OSFT_FLCE_MEAN. */
+  /** Default OSFT_FLCE_MEAN. */
   osft_flce_reduction_t reduction;
-  /* Default OSFT_FLCE_ACCUMULATOR_FP32. */
+  /** Default OSFT_FLCE_ACCUMULATOR_FP32. */
   osft_flce_accumulator_t accumulator;
-  /* Upper bound, in bytes, on the scratch a call takes (fixed part
+  /** Upper bound, in bytes, on the scratch a call takes (fixed part
    * included, see above); it decides the chunk size. 0: the fixed part plus
    * 1 GiB of chunk buffers. The context's workspace_limit, if set, bounds it
    * too. A budget too small for one row fails with
    * OSFT_STATUS_OUT_OF_MEMORY, naming the minimum. Default 0. */
   size_t memory_budget;
-  /* At most this many tokens per chunk (exactly this many, the last chunk
+  /** At most this many tokens per chunk (exactly this many, the last chunk
    * excepted, when the budget allows); 0: as many as the budget allows,
    * balanced over the chunks. Must be >= 0. Default 0. */
   int64_t chunk_rows;
-  /* Vocab parallelism (see the top of this file): a communicator on the
+  /** Vocab parallelism (see the top of this file): a communicator on the
    * handle's context, or NULL (default: no vocab parallelism). The handle
    * holds it in use (osft_comm_destroy refuses it) until the handle is
    * destroyed. */
   osft_comm_t comm;
-  /* The first global class of this rank's shard of W: >= 0; must be 0
+  /** The first global class of this rank's shard of W: >= 0; must be 0
    * without comm. Default 0. */
   int64_t vocab_offset;
-  /* The global number of classes V (the sum of the shard sizes). With comm:
+  /** The global number of classes V (the sum of the shard sizes). With comm:
    * > vocab_offset; with a one-rank comm 0 or in->weight's rows (0: V is
    * in->weight's rows). Without comm: 0. Default 0. */
   int64_t vocab_size_global;
 } osft_flce_options_t;
 
-/* Fills *opts with the defaults above for a struct of struct_size bytes.
- * Errors: OSFT_STATUS_INVALID_ARGUMENT (NULL),
- * OSFT_STATUS_INVALID_STRUCT_SIZE. */
+/**
+ * @brief Fills *opts with the defaults above for a struct of struct_size
+ * bytes.
+ *
+ * @param[out] opts         The options to fill.
+ * @param[in]  struct_size  sizeof(*opts) as the caller compiled it.
+ * @retval OSFT_STATUS_SUCCESS              The defaults were written.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT     (NULL)
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.0 layout.
+ */
 OSFT_API osft_status_t osft_flce_options_init(osft_flce_options_t *opts,
                                               size_t struct_size);
 #define OSFT_FLCE_OPTIONS_INIT(o) osft_flce_options_init((o), sizeof(*(o)))
 
-/*
- * Creates a handle with the given options (copied; `opts` may be NULL for
- * the defaults). The handle holds no device memory.
- * Errors (*flce untouched): OSFT_STATUS_INVALID_HANDLE (ctx),
- * OSFT_STATUS_INVALID_ARGUMENT (flce NULL; label_smoothing outside [0, 1];
- * z_loss_scale negative or not finite; softcap negative or not finite;
- * unknown reduction or accumulator; chunk_rows < 0; vocab_offset < 0;
- * vocab_offset or vocab_size_global not 0 without comm; vocab_size_global
- * <= vocab_offset with a comm of more than one rank; vocab_offset not 0 or
- * vocab_size_global negative with a one-rank comm; comm on another
- * context), OSFT_STATUS_INVALID_HANDLE (comm not a live communicator),
- * OSFT_STATUS_INVALID_STRUCT_SIZE, OSFT_STATUS_OUT_OF_MEMORY.
+/**
+ * @brief Creates a handle with the given options (copied; `opts` may be NULL
+ * for the defaults).
+ *
+ * The handle holds no device memory.
+ *
+ * @param[in]  ctx   The context the handle belongs to.
+ * @param[in]  opts  The options, or NULL for the defaults; only read during
+ *                   the call.
+ * @param[out] flce  Receives the new handle.
+ * @return OSFT_STATUS_SUCCESS, or one of the errors below (*flce untouched).
+ * @retval OSFT_STATUS_SUCCESS  The handle was created.
+ * @retval OSFT_STATUS_INVALID_HANDLE  (ctx); (comm not a live communicator).
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (flce NULL; label_smoothing outside
+ *   [0, 1]; z_loss_scale negative or not finite; softcap negative or not
+ *   finite; unknown reduction or accumulator; chunk_rows < 0; vocab_offset <
+ *   0; vocab_offset or vocab_size_global not 0 without comm;
+ *   vocab_size_global <= vocab_offset with a comm of more than one rank;
+ *   vocab_offset not 0 or vocab_size_global negative with a one-rank comm;
+ *   comm on another context)
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  opts->struct_size.
+ * @retval OSFT_STATUS_OUT_OF_MEMORY  The host allocator failed.
  */
 OSFT_API osft_status_t osft_flce_create(osft_context_t ctx,
                                         const osft_flce_options_t *opts,
                                         osft_flce_t *flce);
 
-/* Destroys a handle. NULL is accepted. Errors: OSFT_STATUS_INVALID_HANDLE
- * (not a live handle). */
+/**
+ * @brief Destroys a handle. NULL is accepted.
+ *
+ * @param[in] flce  The handle, or NULL.
+ * @retval OSFT_STATUS_SUCCESS         Destroyed (or NULL).
+ * @retval OSFT_STATUS_INVALID_HANDLE  (not a live handle)
+ */
 OSFT_API osft_status_t osft_flce_destroy(osft_flce_t flce);
 
-/* Writes the handle's options (as read at creation, with struct_size =
+/**
+ * @brief Writes the handle's options (as read at creation, with struct_size =
  * opts->struct_size) to *opts, whose struct_size the caller has set.
- * Errors: OSFT_STATUS_INVALID_HANDLE, OSFT_STATUS_INVALID_ARGUMENT (opts
- * NULL), OSFT_STATUS_INVALID_STRUCT_SIZE. */
+ *
+ * @param[in]     flce  The handle.
+ * @param[in,out] opts  In: struct_size set by the caller; out: the options.
+ * @retval OSFT_STATUS_SUCCESS              The options were written.
+ * @retval OSFT_STATUS_INVALID_HANDLE       flce is not a live handle.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT     (opts NULL)
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  opts->struct_size.
+ */
 OSFT_API osft_status_t osft_flce_get_options(osft_flce_t flce, osft_flce_options_t *opts);
 
-/*
- * The inputs of a call. Every tensor is on the context's device and only
+/**
+ * @brief The inputs of a call.
+ *
+ * Every tensor is on the context's device and only
  * read. M is the number of tokens: the product of x's leading dims.
  */
 typedef struct osft_flce_inputs_s {
-  size_t struct_size; /* sizeof(osft_flce_inputs_t) as compiled */
-  /* (..., H), fp32 or bf16; rows may be padded. Required. */
+  size_t struct_size; /**< sizeof(osft_flce_inputs_t) as compiled */
+  /** (..., H), fp32 or bf16; rows may be padded. Required. */
   const DLTensor *x;
-  /* (V, H), x's dtype; rows may be padded. Required. */
+  /** (V, H), x's dtype; rows may be padded. Required. */
   const DLTensor *weight;
-  /* (...), int32 or int64, compact, x's leading dims (a 1-D x, one token,
+  /** (...), int32 or int64, compact, x's leading dims (a 1-D x, one token,
    * takes a 0-d target). Required. */
   const DLTensor *targets;
-  /* (V), fp32 or x's dtype, compact. Optional (NULL: no bias). */
+  /** (V), fp32 or x's dtype, compact. Optional (NULL: no bias). */
   const DLTensor *bias;
-  /* (V), fp32, compact: class weights w (see the formulas above), read on
+  /** (V), fp32, compact: class weights w (see the formulas above), read on
    * every call; values are not checked (use non-negative ones). Optional
    * (NULL: all 1). */
   const DLTensor *class_weight;
-  /* The upstream gradient dL_total/dloss, fp32, folded into the gradient
+  /** The upstream gradient dL_total/dloss, fp32, folded into the gradient
    * scale (no extra pass over the gradients). MEAN and SUM: one element
    * (shape [] or [1]); NONE: targets' shape, one per token. Read on the
    * device, so it may be the output of earlier device work. Optional
@@ -260,110 +428,192 @@ typedef struct osft_flce_inputs_s {
   const DLTensor *grad_loss;
 } osft_flce_inputs_t;
 
-/* Fills *in with NULL tensors for a struct of struct_size bytes. */
+/**
+ * @brief Fills *in with NULL tensors for a struct of struct_size bytes.
+ *
+ * @param[out] in           The inputs struct to fill.
+ * @param[in]  struct_size  sizeof(*in) as the caller compiled it.
+ * @retval OSFT_STATUS_SUCCESS              The defaults were written.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT     in is NULL.
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.0 layout.
+ */
 OSFT_API osft_status_t osft_flce_inputs_init(osft_flce_inputs_t *in, size_t struct_size);
 #define OSFT_FLCE_INPUTS_INIT(i) osft_flce_inputs_init((i), sizeof(*(i)))
 
-/*
- * The outputs of a call; a NULL tensor is not computed. At least one must
+/**
+ * @brief The outputs of a call; a NULL tensor is not computed.
+ *
+ * At least one must
  * be given. Without grad_x, grad_weight and grad_bias the call runs
  * forward-only: no gradient is formed and no backward GEMM runs.
  * Outputs must not overlap each other or any input.
  */
 typedef struct osft_flce_outputs_s {
-  size_t struct_size; /* sizeof(osft_flce_outputs_t) as compiled */
-  /* fp32. MEAN and SUM: one element (shape [] or [1]); NONE: targets'
+  size_t struct_size; /**< sizeof(osft_flce_outputs_t) as compiled */
+  /** fp32. MEAN and SUM: one element (shape [] or [1]); NONE: targets'
    * shape (0 for ignored tokens). */
   DLTensor *loss;
-  /* (..., H), x's dtype and leading dims; rows may be padded. */
+  /** (..., H), x's dtype and leading dims; rows may be padded. */
   DLTensor *grad_x;
-  /* (V, H), fp32 or x's dtype; rows may be padded. */
+  /** (V, H), fp32 or x's dtype; rows may be padded. */
   DLTensor *grad_weight;
-  /* (V), fp32 or x's dtype, compact. */
+  /** (V), fp32 or x's dtype, compact. */
   DLTensor *grad_bias;
-  /* fp32, shaped like loss: the z-loss part of the loss (lambda * lse^2,
-   * reduced like the loss, so MEAN divides by D as well). */
+  /** fp32, shaped like loss: the z-loss part of the loss (lambda * lse^2
+   * per token; MEAN: its sum over N, the tokens not ignored, never over D;
+   * SUM: its sum; NONE: per token, 0 for ignored tokens). */
   DLTensor *z_loss;
-  /* fp32, one element: the fraction of the tokens not ignored whose
+  /** fp32, one element: the fraction of the tokens not ignored whose
    * argmax equals the target (unweighted; 0 when every token is ignored). */
   DLTensor *accuracy;
-  /* targets' shape, int32 or int64: the index of the largest (softcapped)
+  /** targets' shape, int32 or int64: the index of the largest (softcapped)
    * logit of every token, ignored ones included; the lowest index on ties. */
   DLTensor *argmax;
-  /* targets' shape, fp32: the per-token loss before reduction and before
+  /** targets' shape, fp32: the per-token loss before reduction and before
    * the upstream gradient (0 for ignored tokens), whatever the reduction. */
   DLTensor *token_loss;
-  /* OR of OSFT_FLCE_ACCUMULATE_*: add the gradient into the existing values
+  /** OR of OSFT_FLCE_ACCUMULATE_*: add the gradient into the existing values
    * (beta = 1, e.g. over micro-batches) instead of overwriting. Default 0. */
   uint32_t accumulate;
 } osft_flce_outputs_t;
 
+/** @brief osft_flce_outputs_t::accumulate bit: add into grad_x. */
 #define OSFT_FLCE_ACCUMULATE_GRAD_X (1u << 0)
+/** @brief osft_flce_outputs_t::accumulate bit: add into grad_weight. */
 #define OSFT_FLCE_ACCUMULATE_GRAD_WEIGHT (1u << 1)
+/** @brief osft_flce_outputs_t::accumulate bit: add into grad_bias. */
 #define OSFT_FLCE_ACCUMULATE_GRAD_BIAS (1u << 2)
+/** @brief Every osft_flce_outputs_t::accumulate bit. */
 #define OSFT_FLCE_ACCUMULATE_ALL (0x7u)
 
-/* Fills *out with NULL tensors and accumulate = 0. */
+/**
+ * @brief Fills *out with NULL tensors and accumulate = 0.
+ *
+ * @param[out] out          The outputs struct to fill.
+ * @param[in]  struct_size  sizeof(*out) as the caller compiled it.
+ * @retval OSFT_STATUS_SUCCESS              The defaults were written.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT     out is NULL.
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.0 layout.
+ */
 OSFT_API osft_status_t osft_flce_outputs_init(osft_flce_outputs_t *out,
                                               size_t struct_size);
 #define OSFT_FLCE_OUTPUTS_INIT(o) osft_flce_outputs_init((o), sizeof(*(o)))
 
-/*
- * Computes the loss and every requested output in one pass over the tokens
- * (see the top of this file). On CUDA the work is enqueued on the context's
+/**
+ * @brief Computes the loss and every requested output in one pass over the
+ * tokens (see the top of this file).
+ *
+ * On CUDA the work is enqueued on the context's
  * stream; the call returns once the target check has come back and the rest
  * is enqueued. Gradients are of the reduced loss times grad_loss.
  *
- * Errors (nothing is written on failure, accumulators included):
- *   OSFT_STATUS_INVALID_HANDLE (flce, or its context was destroyed),
- *   OSFT_STATUS_INVALID_ARGUMENT (in or out NULL, a required tensor NULL,
- *     no output requested, unknown accumulate bits),
- *   OSFT_STATUS_INVALID_STRUCT_SIZE (in, out),
- *   OSFT_STATUS_DTYPE_MISMATCH, OSFT_STATUS_SHAPE_MISMATCH,
- *   OSFT_STATUS_BAD_LAYOUT, OSFT_STATUS_DEVICE_MISMATCH,
- *   OSFT_STATUS_ALIASING (an output overlaps an input or another output),
- *   OSFT_STATUS_INDEX_OUT_OF_RANGE (a target outside [0, V) that is not
- *     ignore_index; the message names the first such token and its value;
- *     V is the global vocab_size_global with vocab parallelism),
- *   OSFT_STATUS_SHAPE_MISMATCH also when the ranks' shards do not tile
- *     [0, vocab_size_global), or the ranks' vocab_size_global or x shapes
- *     differ (every rank fails alike), or a one-rank comm has a
- *     vocab_size_global other than 0 and in->weight's rows,
- *   OSFT_STATUS_INVALID_ARGUMENT also when out->grad_x is requested (or
- *     typed) differently on different ranks (every rank fails alike),
- *   OSFT_STATUS_COMM_ERROR, OSFT_STATUS_TIMEOUT (a collective failed; the
- *     outputs may then be partly written),
- *   OSFT_STATUS_OUT_OF_MEMORY (the budget or workspace_limit is below the
- *     minimum for one row, or the allocator failed),
- *   OSFT_STATUS_NOT_SUPPORTED (a dimension beyond the CPU BLAS's 32 bits),
- *   OSFT_STATUS_BACKEND_ERROR.
+ * @param[in] flce  The handle.
+ * @param[in] in    The inputs (osft_flce_inputs_t).
+ * @param[in] out   The outputs to write (osft_flce_outputs_t); the struct is
+ *                  only read, the tensors it points to are written.
+ * @return OSFT_STATUS_SUCCESS, or one of the errors below (nothing is written
+ * on failure, accumulators included).
+ * @retval OSFT_STATUS_SUCCESS  Every requested output was written (on CUDA:
+ *   enqueued).
+ * @retval OSFT_STATUS_INVALID_HANDLE  (flce, or its context was destroyed)
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (in or out NULL, a required tensor
+ *   NULL, no output requested, unknown accumulate bits); also when
+ *   out->grad_x is requested (or typed) differently on different ranks
+ *   (every rank fails alike).
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  (in, out)
+ * @retval OSFT_STATUS_DTYPE_MISMATCH  A tensor's dtype.
+ * @retval OSFT_STATUS_SHAPE_MISMATCH  A tensor's shape; also when the ranks'
+ *   shards do not tile [0, vocab_size_global), or the ranks'
+ *   vocab_size_global or x shapes differ (every rank fails alike), or a
+ *   one-rank comm has a vocab_size_global other than 0 and in->weight's
+ *   rows.
+ * @retval OSFT_STATUS_BAD_LAYOUT  A tensor's layout.
+ * @retval OSFT_STATUS_DEVICE_MISMATCH  A tensor's device.
+ * @retval OSFT_STATUS_ALIASING  (an output overlaps an input or another
+ *   output)
+ * @retval OSFT_STATUS_INDEX_OUT_OF_RANGE  (a target outside [0, V) that is
+ *   not ignore_index; the message names the first such token and its value;
+ *   V is the global vocab_size_global with vocab parallelism)
+ * @retval OSFT_STATUS_COMM_ERROR  (a collective failed; the outputs may then
+ *   be partly written)
+ * @retval OSFT_STATUS_TIMEOUT  (a collective failed; the outputs may then be
+ *   partly written)
+ * @retval OSFT_STATUS_OUT_OF_MEMORY  (the budget or workspace_limit is below
+ *   the minimum for one row, or the allocator failed)
+ * @retval OSFT_STATUS_NOT_SUPPORTED  (a dimension beyond the CPU BLAS's 32
+ *   bits)
+ * @retval OSFT_STATUS_BACKEND_ERROR  A backend library failed.
  */
 OSFT_API osft_status_t osft_flce_compute(osft_flce_t flce, const osft_flce_inputs_t *in,
                                          const osft_flce_outputs_t *out);
 
-/* What a call would do, from osft_flce_get_plan(). The caller sets
- * struct_size; fields beyond it are not written. */
+/**
+ * @brief What a call would do, from osft_flce_get_plan().
+ *
+ * The caller sets
+ * struct_size; fields beyond it are not written.
+ */
 typedef struct osft_flce_plan_s {
-  size_t struct_size;     /* set by the caller: sizeof as compiled */
-  int64_t tokens;         /* M */
-  int64_t chunk_rows;     /* tokens per chunk (the last may have fewer) */
-  int64_t chunks;         /* number of chunks (0 when M is 0) */
-  uint64_t scratch_bytes; /* workspace the call takes */
-  uint64_t budget_bytes;  /* the bound it was planned against */
+  size_t struct_size;     /**< set by the caller: sizeof as compiled */
+  int64_t tokens;         /**< M */
+  int64_t chunk_rows;     /**< tokens per chunk (the last may have fewer) */
+  int64_t chunks;         /**< number of chunks (0 when M is 0) */
+  uint64_t scratch_bytes; /**< workspace the call takes */
+  uint64_t budget_bytes;  /**< the bound it was planned against */
 } osft_flce_plan_t;
 
-/*
- * Validates `in` and `out` as osft_flce_compute() would (except the target
- * values, which stay on the device) and describes the call in *plan.
+/**
+ * @brief Validates `in` and `out` as osft_flce_compute() would (except the
+ * target values, which stay on the device) and describes the call in *plan.
+ *
  * Computes and writes nothing else; with vocab parallelism it plans this
  * rank alone (no collective), and the call then chunks with the fewest rows
- * over the ranks. Errors: as for osft_flce_compute, plus
- * OSFT_STATUS_INVALID_ARGUMENT (plan NULL) and OSFT_STATUS_INVALID_STRUCT_SIZE
- * (plan), minus OSFT_STATUS_INDEX_OUT_OF_RANGE.
+ * over the ranks.
+ *
+ * @param[in]     flce  The handle.
+ * @param[in]     in    The inputs the call would take.
+ * @param[in]     out   The outputs the call would take (not written).
+ * @param[in,out] plan  In: struct_size set by the caller; out: the plan.
+ * @return Errors: as for osft_flce_compute, plus
+ * OSFT_STATUS_INVALID_ARGUMENT (plan NULL) and
+ * OSFT_STATUS_INVALID_STRUCT_SIZE (plan), minus
+ * OSFT_STATUS_INDEX_OUT_OF_RANGE.
+ * @retval OSFT_STATUS_SUCCESS  *plan was written.
+ * @retval OSFT_STATUS_INVALID_HANDLE  As for osft_flce_compute().
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  As for osft_flce_compute(), and plan
+ *   NULL.
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  As for osft_flce_compute(), and
+ *   plan->struct_size.
+ * @retval OSFT_STATUS_DTYPE_MISMATCH  As for osft_flce_compute().
+ * @retval OSFT_STATUS_SHAPE_MISMATCH  As for osft_flce_compute().
+ * @retval OSFT_STATUS_BAD_LAYOUT  As for osft_flce_compute().
+ * @retval OSFT_STATUS_DEVICE_MISMATCH  As for osft_flce_compute().
+ * @retval OSFT_STATUS_ALIASING  As for osft_flce_compute().
+ * @retval OSFT_STATUS_OUT_OF_MEMORY  As for osft_flce_compute().
  */
 OSFT_API osft_status_t osft_flce_get_plan(osft_flce_t flce, const osft_flce_inputs_t *in,
                                           const osft_flce_outputs_t *out,
                                           osft_flce_plan_t *plan);
+
+/**
+ * @def OSFT_FLCE_OPTIONS_INIT(o)
+ * @brief osft_flce_options_init() with the struct's own size.
+ * @param o  Pointer to an osft_flce_options_t.
+ */
+
+/**
+ * @def OSFT_FLCE_INPUTS_INIT(i)
+ * @brief osft_flce_inputs_init() with the struct's own size.
+ * @param i  Pointer to an osft_flce_inputs_t.
+ */
+
+/**
+ * @def OSFT_FLCE_OUTPUTS_INIT(o)
+ * @brief osft_flce_outputs_init() with the struct's own size.
+ * @param o  Pointer to an osft_flce_outputs_t.
+ */
+
+/** @} */
 
 #ifdef __cplusplus
 }

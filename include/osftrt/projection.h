@@ -1,5 +1,6 @@
-/*
- * libosftrt — OSFT gradient projection with batched collectives.
+/**
+ * @file
+ * @brief libosftrt — OSFT gradient projection with batched collectives.
  *
  * OSFT trains only the low part of each factorized weight (osftrt/flinear.h)
  * and must keep every update orthogonal to the frozen high subspace. For a
@@ -7,8 +8,10 @@
  * orthonormal rows, V stored as rows) and trainable U_low (N x l), V_low
  * (l x K), the projector applies, to every registered target at once,
  *
+ * @code{.unparsed}
  *   U:  C_U = U_high^T dU_low   (r x l)     dU_low -= U_high C_U
  *   V:  C_V = dV_low V_high^T   (l x r)     dV_low -= C_V V_high
+ * @endcode
  *
  * osft_projector_project() does it to the gradients, and
  * osft_projector_project_params() to the parameters U_low, V_low after the
@@ -17,9 +20,11 @@
  * fp32 and every update is computed in fp32 (GEMMs accumulate in fp32, the
  * result is rounded once to the tensor's dtype), also for bf16 tensors.
  *
- * Sharding. Across P ranks (an osft_comm_t) each part of a target has a
+ * @par Sharding
+ * Across P ranks (an osft_comm_t) each part of a target has a
  * layout, and the projector uses the collective that is right for it:
  *
+ * @code{.unparsed}
  *   OSFT_SHARD_REPLICATED  every rank holds the whole part. No collective.
  *   OSFT_SHARD_U_ROWS      U_high, dU_low, U_low sharded by rows (over N):
  *                          C_U = sum_p U_p^T dU_p is a sum of partial
@@ -36,10 +41,12 @@
  *                          dV_low locally against the whole V_high; no
  *                          collective per step. The cache is gathered again
  *                          only after osft_projector_invalidate().
+ * @endcode
  * Shards may be uneven (P need not divide the dimension; a rank may hold
  * zero rows). The caller states each rank's shard size (`*_shards`).
  *
- * Batching. Every U_ROWS and V_COLS coefficient block lives in one
+ * @par Batching
+ * Every U_ROWS and V_COLS coefficient block lives in one
  * persistent fp32 buffer at a fixed offset (given at registration): the
  * GEMMs write their slices, ONE all-reduce sums the whole buffer, the
  * GEMMs read their slices back. So each project call (for 1 or 224
@@ -47,7 +54,8 @@
  * V_COLS, and none otherwise. Nothing is written to a gradient before that
  * collective has succeeded: on a communication error no gradient changes.
  *
- * One-time setup ("prepare"). The first call after a registration (or
+ * @par One-time setup ("prepare")
+ * The first call after a registration (or
  * after osft_projector_invalidate()) also runs the setup collectives:
  * a consistency check (every rank registered the same targets, layouts,
  * ranks r, l and shard sizes, else OSFT_STATUS_INVALID_ARGUMENT on every
@@ -61,7 +69,20 @@
  * stay valid at the same address until the projector is destroyed or the
  * tensor is rebound with osft_projector_set_grads()).
  *
+ * @par Thread safety
  * Threading: a projector is used by one thread at a time, like its context.
+ *
+ * @code
+ *   osft_projector_t proj;
+ *   osft_projector_create(ctx, comm, NULL, &proj);  // comm NULL: one rank
+ *   for (int i = 0; i < n_layers; ++i)              // once, at setup
+ *     osft_projector_add_layer(proj, layers[i], &du[i], &dv[i], NULL);
+ *   // every step, after the backward and before the optimizer:
+ *   osft_projector_project(proj);
+ *   // and after the optimizer step:
+ *   osft_projector_project_params(proj);
+ *   osft_projector_destroy(proj);
+ * @endcode
  */
 #ifndef OSFTRT_PROJECTION_H
 #define OSFTRT_PROJECTION_H
@@ -80,59 +101,106 @@
 extern "C" {
 #endif
 
-/* An opaque projector handle. */
+/**
+ * @defgroup osftrt_projection Gradient projection
+ * @brief Keeps OSFT updates orthogonal to the frozen subspace, for many
+ * targets and sharded layouts with one collective per step
+ * (osftrt/projection.h).
+ * @{
+ */
+
+/** @brief An opaque projector handle. */
 typedef struct osft_projector_s *osft_projector_t;
 
-/* How one part (U or V) of a target is spread over the ranks. Values fixed
- * forever (ABI.md). */
+/**
+ * @brief How one part (U or V) of a target is spread over the ranks.
+ *
+ * Values fixed
+ * forever (ABI.md).
+ */
 typedef enum osft_shard_layout_e {
-  OSFT_SHARD_REPLICATED = 0, /* U or V: every rank holds the whole part */
-  OSFT_SHARD_U_ROWS = 1,     /* U only: rows (N) sharded */
-  OSFT_SHARD_V_ROWS = 2,     /* V only: V_high rows (r) and V_low rows (l) */
-  OSFT_SHARD_V_COLS = 3      /* V only: columns (K) sharded */
+  OSFT_SHARD_REPLICATED = 0, /**< U or V: every rank holds the whole part */
+  OSFT_SHARD_U_ROWS = 1,     /**< U only: rows (N) sharded */
+  OSFT_SHARD_V_ROWS = 2,     /**< V only: V_high rows (r) and V_low rows (l) */
+  OSFT_SHARD_V_COLS = 3      /**< V only: columns (K) sharded */
 } osft_shard_layout_t;
 
-/* Options for osft_projector_create(). Initialize with
- * OSFT_PROJECTOR_OPTIONS_INIT(&o). */
+/**
+ * @brief Options for osft_projector_create().
+ *
+ * Initialize with
+ * OSFT_PROJECTOR_OPTIONS_INIT(&o).
+ */
 typedef struct osft_projector_options_s {
-  size_t struct_size; /* sizeof(osft_projector_options_t) as compiled */
-  /* 1: the setup collectives check that every rank registered the same
+  size_t struct_size; /**< sizeof(osft_projector_options_t) as compiled */
+  /** 1: the setup collectives check that every rank registered the same
    * targets (one small all-gather per setup). 0: skip the check. Default 1. */
   int check_consistency;
 } osft_projector_options_t;
 
+/**
+ * @brief Fills *opts with the defaults above for a struct of struct_size
+ * bytes.
+ *
+ * @param[out] opts         The struct to fill.
+ * @param[in]  struct_size  sizeof(*opts) as the caller compiled it.
+ * @retval OSFT_STATUS_SUCCESS  The defaults were written.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  opts is NULL.
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.0 layout.
+ */
 OSFT_API osft_status_t osft_projector_options_init(osft_projector_options_t *opts,
                                                    size_t struct_size);
 #define OSFT_PROJECTOR_OPTIONS_INIT(o) osft_projector_options_init((o), sizeof(*(o)))
 
-/*
- * Creates a projector on `ctx` whose collectives run on `comm` (a
- * communicator of the same context; NULL: one rank, no collectives). The
+/**
+ * @brief Creates a projector on `ctx` whose collectives run on `comm` (a
+ * communicator of the same context; NULL: one rank, no collectives).
+ *
+ * The
  * communicator must outlive the projector. `opts` may be NULL.
  *
- * Errors: OSFT_STATUS_INVALID_HANDLE (ctx, comm), OSFT_STATUS_INVALID_ARGUMENT
- * (projector NULL; comm of another context), OSFT_STATUS_INVALID_STRUCT_SIZE,
- * OSFT_STATUS_OUT_OF_MEMORY.
+ * @param[in]  ctx        The context.
+ * @param[in]  comm       The communicator, or NULL.
+ * @param[in]  opts       The options, or NULL for the defaults.
+ * @param[out] projector  Receives the new projector.
+ * @retval OSFT_STATUS_SUCCESS  The projector was created.
+ * @retval OSFT_STATUS_INVALID_HANDLE  (ctx, comm)
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (projector NULL; comm of another
+ *   context)
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  opts->struct_size.
+ * @retval OSFT_STATUS_OUT_OF_MEMORY  The host allocator failed.
  */
 OSFT_API osft_status_t osft_projector_create(osft_context_t ctx, osft_comm_t comm,
                                              const osft_projector_options_t *opts,
                                              osft_projector_t *projector);
 
-/* Destroys a projector and its buffers (coefficients, gathered V_high).
- * NULL is accepted. Not collective. Errors: OSFT_STATUS_INVALID_HANDLE. */
+/**
+ * @brief Destroys a projector and its buffers (coefficients, gathered
+ * V_high).
+ *
+ * NULL is accepted. Not collective.
+ *
+ * @param[in] projector  The projector, or NULL.
+ * @retval OSFT_STATUS_SUCCESS  Destroyed (or NULL).
+ * @retval OSFT_STATUS_INVALID_HANDLE  projector is not a live projector.
+ */
 OSFT_API osft_status_t osft_projector_destroy(osft_projector_t projector);
 
-/*
- * One target: a U part, a V part, or both, as this rank holds them.
+/**
+ * @brief One target: a U part, a V part, or both, as this rank holds them.
+ *
  * Matrices are row-major (compact or with padded rows), fp32 or bf16 (each
  * tensor may have its own dtype), on the context's device. A part is
  * present when its *_high tensor is set; it needs a gradient, a trainable
  * factor, or both:
+ * @code{.unparsed}
  *   project()            projects every registered gradient;
  *   project_params()     projects every registered trainable factor;
  *   orthogonality()      needs the trainable factor of every part.
+ * @endcode
  * Local shapes (N_p, K_p, r_p, l_p: this rank's share):
  *
+ * @code{.unparsed}
  *   layout         u_high    grad_u_low, u_low   *_shards (entry p = rank p's)
  *   REPLICATED     N x r     N x l               NULL, 0
  *   U_ROWS         N_p x r   N_p x l             u_shards: N_p (rows of U)
@@ -141,6 +209,7 @@ OSFT_API osft_status_t osft_projector_destroy(osft_projector_t projector);
  *   REPLICATED     r x K     l x K               NULL, 0
  *   V_COLS         r x K_p   l x K_p             K_p (columns of V)
  *   V_ROWS         r_p x K   l_p x K             r_p (rows of V_high)
+ * @endcode
  *
  * (For V_ROWS the rows of dV_low/V_low may be split any way, a rank may
  * hold none: each rank projects its own rows.) Every shard array has one
@@ -150,59 +219,97 @@ OSFT_API osft_status_t osft_projector_destroy(osft_projector_t projector);
  * (for V_ROWS: r plus this rank's rows of V_low).
  */
 typedef struct osft_projection_target_s {
-  size_t struct_size; /* sizeof(osft_projection_target_t) as compiled */
-  const DLTensor *u_high;
-  const DLTensor *grad_u_low;
-  const DLTensor *u_low;
-  osft_shard_layout_t u_layout;
-  const int64_t *u_shards;
-  int64_t n_u_shards;
-  const DLTensor *v_high;
-  const DLTensor *grad_v_low;
-  const DLTensor *v_low;
-  osft_shard_layout_t v_layout;
-  const int64_t *v_shards;
-  int64_t n_v_shards;
+  size_t struct_size;           /**< sizeof(osft_projection_target_t) as compiled */
+  const DLTensor *u_high;       /**< U_high (see the table above); NULL: no U part */
+  const DLTensor *grad_u_low;   /**< dU_low, projected by project(); or NULL */
+  const DLTensor *u_low;        /**< U_low, projected by project_params(); or NULL */
+  osft_shard_layout_t u_layout; /**< REPLICATED or U_ROWS */
+  const int64_t *u_shards;      /**< U_ROWS: N_p of every rank; else NULL */
+  int64_t n_u_shards;           /**< entries of u_shards (the ranks), or 0 */
+  const DLTensor *v_high;       /**< V_high (see the table above); NULL: no V part */
+  const DLTensor *grad_v_low;   /**< dV_low, projected by project(); or NULL */
+  const DLTensor *v_low;        /**< V_low, projected by project_params(); or NULL */
+  osft_shard_layout_t v_layout; /**< REPLICATED, V_COLS or V_ROWS */
+  const int64_t *v_shards;      /**< V_COLS: K_p, V_ROWS: r_p of every rank; else NULL */
+  int64_t n_v_shards;           /**< entries of v_shards (the ranks), or 0 */
 } osft_projection_target_t;
 
-/* Fills *target with NULL tensors, REPLICATED layouts and no shards. */
+/**
+ * @brief Fills *target with NULL tensors, REPLICATED layouts and no shards.
+ *
+ * @param[out] target       The struct to fill.
+ * @param[in]  struct_size  sizeof(*target) as the caller compiled it.
+ * @retval OSFT_STATUS_SUCCESS  The defaults were written.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  target is NULL.
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.0 layout.
+ */
 OSFT_API osft_status_t osft_projection_target_init(osft_projection_target_t *target,
                                                    size_t struct_size);
 #define OSFT_PROJECTION_TARGET_INIT(t) osft_projection_target_init((t), sizeof(*(t)))
 
-/*
- * Registers a target (framework-owned tensors). Writes its index (0, 1, ...
+/**
+ * @brief Registers a target (framework-owned tensors).
+ *
+ * Writes its index (0, 1, ...
  * in registration order) to *index unless index is NULL. No collective.
  * Tensors the projector writes (gradients, trainable factors) must not
  * overlap any tensor of any registered target.
  *
- * Errors (nothing is registered): OSFT_STATUS_INVALID_HANDLE,
- * OSFT_STATUS_INVALID_ARGUMENT (target NULL; a part without a gradient and
- * a trainable factor, or a gradient without its *_high; a layout that does
- * not apply to the part; a shard array whose count is not the
- * communicator's size, or missing, or set for REPLICATED; a negative shard),
- * OSFT_STATUS_INVALID_STRUCT_SIZE, OSFT_STATUS_SHAPE_MISMATCH (shapes that
- * disagree between a target's pieces; a shard entry that is not this
- * rank's local size; r or l of 0; r + l larger than N or K),
- * OSFT_STATUS_DTYPE_MISMATCH, OSFT_STATUS_BAD_LAYOUT,
- * OSFT_STATUS_DEVICE_MISMATCH, OSFT_STATUS_ALIASING,
- * OSFT_STATUS_OUT_OF_MEMORY.
+ * @param[in]  projector  The projector.
+ * @param[in]  target     The target (copied; the tensors are borrowed).
+ * @param[out] index      Receives the target's index, or NULL.
+ * @return OSFT_STATUS_SUCCESS, or one of the errors below (nothing is
+ * registered).
+ * @retval OSFT_STATUS_SUCCESS  The target was registered.
+ * @retval OSFT_STATUS_INVALID_HANDLE  projector is not a live projector.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (target NULL; a part without a
+ *   gradient and a trainable factor, or a gradient without its *_high; a
+ *   layout that does not apply to the part; a shard array whose count is not
+ *   the communicator's size, or missing, or set for REPLICATED; a negative
+ *   shard)
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  target->struct_size.
+ * @retval OSFT_STATUS_SHAPE_MISMATCH  (shapes that disagree between a
+ *   target's pieces; a shard entry that is not this rank's local size; r or l
+ *   of 0; r + l larger than N or K)
+ * @retval OSFT_STATUS_DTYPE_MISMATCH  A tensor's dtype.
+ * @retval OSFT_STATUS_BAD_LAYOUT  A tensor's layout.
+ * @retval OSFT_STATUS_DEVICE_MISMATCH  A tensor's device.
+ * @retval OSFT_STATUS_ALIASING  A tensor the projector writes overlaps a
+ *   tensor of a registered target.
+ * @retval OSFT_STATUS_OUT_OF_MEMORY  An allocation failed.
  */
 OSFT_API osft_status_t osft_projector_add_target(osft_projector_t projector,
                                                  const osft_projection_target_t *target,
                                                  int64_t *index);
 
-/*
- * Registers a factorized-linear layer of the same context as a REPLICATED
- * target: its U_high, V_high, U_low, V_low are read through the layer at
+/**
+ * @brief Registers a factorized-linear layer of the same context as a
+ * REPLICATED target.
+ *
+ * Its U_high, V_high, U_low, V_low are read through the layer at
  * every call (so re-decomposition and the optimizer's in-place updates are
  * seen), with the gradients grad_u_low (N x l) and grad_v_low (l x K), each
  * optional (NULL: that part's gradient is not projected). The layer must
  * stay alive while it is registered; a call after it was destroyed fails
  * with OSFT_STATUS_INVALID_HANDLE.
  *
- * Errors: as for osft_projector_add_target (the layer's handle:
+ * @param[in]  projector   The projector.
+ * @param[in]  layer       The layer (osftrt/flinear.h).
+ * @param[in]  grad_u_low  dU_low (N x l), or NULL.
+ * @param[in]  grad_v_low  dV_low (l x K), or NULL.
+ * @param[out] index       Receives the target's index, or NULL.
+ * @return Errors: as for osft_projector_add_target (the layer's handle:
  * OSFT_STATUS_INVALID_HANDLE; another context: OSFT_STATUS_INVALID_ARGUMENT).
+ * @retval OSFT_STATUS_SUCCESS  The layer was registered.
+ * @retval OSFT_STATUS_INVALID_HANDLE  The projector's or the layer's handle.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  As for osft_projector_add_target();
+ *   a layer of another context.
+ * @retval OSFT_STATUS_DTYPE_MISMATCH  As for osft_projector_add_target().
+ * @retval OSFT_STATUS_SHAPE_MISMATCH  As for osft_projector_add_target().
+ * @retval OSFT_STATUS_BAD_LAYOUT  As for osft_projector_add_target().
+ * @retval OSFT_STATUS_DEVICE_MISMATCH  As for osft_projector_add_target().
+ * @retval OSFT_STATUS_ALIASING  As for osft_projector_add_target().
+ * @retval OSFT_STATUS_OUT_OF_MEMORY  An allocation failed.
  */
 OSFT_API osft_status_t osft_projector_add_layer(osft_projector_t projector,
                                                 osft_flinear_t layer,
@@ -210,91 +317,183 @@ OSFT_API osft_status_t osft_projector_add_layer(osft_projector_t projector,
                                                 const DLTensor *grad_v_low,
                                                 int64_t *index);
 
-/*
- * Rebinds the gradients of target `index` (e.g. a framework that allocates
- * new gradient tensors every step): the new tensors replace the old ones;
+/**
+ * @brief Rebinds the gradients of target `index` (e.g. a framework that
+ * allocates new gradient tensors every step).
+ *
+ * The new tensors replace the old ones;
  * NULL means "no gradient for this part". Shapes must match the part. No
  * collective, no effect on the coefficient layout.
  *
- * Errors: OSFT_STATUS_INVALID_HANDLE, OSFT_STATUS_INVALID_ARGUMENT (index
- * out of range; a gradient for an absent part; a part left with neither
- * gradient nor trainable factor), and the tensor errors of
- * osft_projector_add_target. Nothing changes on failure.
+ * @param[in] projector   The projector.
+ * @param[in] index       The target's index.
+ * @param[in] grad_u_low  The new dU_low, or NULL.
+ * @param[in] grad_v_low  The new dV_low, or NULL.
+ * @return OSFT_STATUS_SUCCESS, or one of the errors below. Nothing changes on
+ * failure.
+ * @retval OSFT_STATUS_SUCCESS  The gradients were rebound.
+ * @retval OSFT_STATUS_INVALID_HANDLE  projector is not a live projector.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (index out of range; a gradient for
+ *   an absent part; a part left with neither gradient nor trainable factor)
+ * @retval OSFT_STATUS_DTYPE_MISMATCH  the tensor errors of
+ *   osft_projector_add_target.
+ * @retval OSFT_STATUS_SHAPE_MISMATCH  the tensor errors of
+ *   osft_projector_add_target.
+ * @retval OSFT_STATUS_BAD_LAYOUT  the tensor errors of
+ *   osft_projector_add_target.
+ * @retval OSFT_STATUS_DEVICE_MISMATCH  the tensor errors of
+ *   osft_projector_add_target.
+ * @retval OSFT_STATUS_ALIASING  the tensor errors of
+ *   osft_projector_add_target.
  */
 OSFT_API osft_status_t osft_projector_set_grads(osft_projector_t projector, int64_t index,
                                                 const DLTensor *grad_u_low,
                                                 const DLTensor *grad_v_low);
 
-/*
- * Runs the one-time setup collectives now (consistency check; gathering
- * V_high for V_ROWS targets), if they are pending; otherwise does nothing.
- * Collective. Errors: OSFT_STATUS_INVALID_HANDLE,
- * OSFT_STATUS_INVALID_ARGUMENT (registrations differ between ranks: the
- * message names the first differing target), OSFT_STATUS_COMM_ERROR,
- * OSFT_STATUS_TIMEOUT, OSFT_STATUS_OUT_OF_MEMORY.
+/**
+ * @brief Runs the one-time setup collectives now (consistency check;
+ * gathering V_high for V_ROWS targets), if they are pending; otherwise does
+ * nothing.
+ *
+ * Collective.
+ *
+ * @param[in] projector  The projector.
+ * @retval OSFT_STATUS_SUCCESS  The setup has run (or was not pending).
+ * @retval OSFT_STATUS_INVALID_HANDLE  projector is not a live projector.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (registrations differ between ranks:
+ *   the message names the first differing target)
+ * @retval OSFT_STATUS_COMM_ERROR  A collective failed.
+ * @retval OSFT_STATUS_TIMEOUT  A collective did not complete in time.
+ * @retval OSFT_STATUS_OUT_OF_MEMORY  An allocation failed.
  */
 OSFT_API osft_status_t osft_projector_prepare(osft_projector_t projector);
 
-/*
- * The frozen factors changed (e.g. a re-decomposition for a new task):
+/**
+ * @brief The frozen factors changed (e.g. a re-decomposition for a new task):
  * drops the gathered V_high, which the next call gathers again (so every
- * rank must invalidate together). Local, no collective. Layer targets need
- * no invalidation. Errors: OSFT_STATUS_INVALID_HANDLE.
+ * rank must invalidate together).
+ *
+ * Local, no collective. Layer targets need
+ * no invalidation.
+ *
+ * @param[in] projector  The projector.
+ * @retval OSFT_STATUS_SUCCESS  The setup is pending again.
+ * @retval OSFT_STATUS_INVALID_HANDLE  projector is not a live projector.
  */
 OSFT_API osft_status_t osft_projector_invalidate(osft_projector_t projector);
 
-/*
- * Projects every registered gradient out of its frozen subspace, in place:
- * dU_low -= U_high (U_high^T dU_low), dV_low -= (dV_low V_high^T) V_high.
+/**
+ * @brief Projects every registered gradient out of its frozen subspace, in
+ * place: dU_low -= U_high (U_high^T dU_low), dV_low -= (dV_low V_high^T)
+ * V_high.
+ *
  * Collective: at most one all-reduce (plus the pending setup, see above).
  *
- * Errors (no gradient is modified): OSFT_STATUS_INVALID_HANDLE (projector;
- * a registered layer or the communicator was destroyed),
- * OSFT_STATUS_SHAPE_MISMATCH (a registered layer changed shape),
- * OSFT_STATUS_COMM_ERROR, OSFT_STATUS_TIMEOUT, OSFT_STATUS_OUT_OF_MEMORY
- * (workspace), OSFT_STATUS_BACKEND_ERROR, and the errors of
- * osft_projector_prepare().
+ * @param[in] projector  The projector.
+ * @return OSFT_STATUS_SUCCESS, or one of the errors below (no gradient is
+ * modified), and the errors of osft_projector_prepare().
+ * @retval OSFT_STATUS_SUCCESS  Every registered gradient was projected (on
+ *   CUDA: enqueued).
+ * @retval OSFT_STATUS_INVALID_HANDLE  (projector; a registered layer or the
+ *   communicator was destroyed)
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  As for osft_projector_prepare().
+ * @retval OSFT_STATUS_SHAPE_MISMATCH  (a registered layer changed shape)
+ * @retval OSFT_STATUS_COMM_ERROR  A collective failed.
+ * @retval OSFT_STATUS_TIMEOUT  A collective did not complete in time.
+ * @retval OSFT_STATUS_OUT_OF_MEMORY  (workspace)
+ * @retval OSFT_STATUS_NOT_SUPPORTED  On the CPU, a dimension beyond the
+ *   32-bit BLAS interface.
+ * @retval OSFT_STATUS_BACKEND_ERROR  A backend library failed.
  */
 OSFT_API osft_status_t osft_projector_project(osft_projector_t projector);
 
-/*
- * The same projection applied to the parameters: U_low -= U_high (U_high^T
- * U_low), V_low -= (V_low V_high^T) V_high, for every registered trainable
- * factor (call after each optimizer step). Errors: as for
+/**
+ * @brief The same projection applied to the parameters: U_low -= U_high
+ * (U_high^T U_low), V_low -= (V_low V_high^T) V_high, for every registered
+ * trainable factor (call after each optimizer step).
+ *
+ * @param[in] projector  The projector.
+ * @return Errors: as for
  * osft_projector_project (no parameter is modified on failure).
+ * @retval OSFT_STATUS_SUCCESS  Every registered trainable factor was
+ *   projected (on CUDA: enqueued).
+ * @retval OSFT_STATUS_INVALID_HANDLE  As for osft_projector_project().
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  As for osft_projector_project().
+ * @retval OSFT_STATUS_SHAPE_MISMATCH  As for osft_projector_project().
+ * @retval OSFT_STATUS_COMM_ERROR  As for osft_projector_project().
+ * @retval OSFT_STATUS_TIMEOUT  As for osft_projector_project().
+ * @retval OSFT_STATUS_OUT_OF_MEMORY  As for osft_projector_project().
+ * @retval OSFT_STATUS_NOT_SUPPORTED  As for osft_projector_project().
+ * @retval OSFT_STATUS_BACKEND_ERROR  As for osft_projector_project().
  */
 OSFT_API osft_status_t osft_projector_project_params(osft_projector_t projector);
 
-/*
- * The orthogonality residual of the trainable factors, over all targets and
- * all ranks: *max_u = max |U_high^T U_low| and *max_v = max |V_low
- * V_high^T| (elements of the full, unsharded products; 0 where no target
- * has that part). Either pointer may be NULL. Collective: one all-reduce
+/**
+ * @brief The orthogonality residual of the trainable factors, over all
+ * targets and all ranks: *max_u = max |U_high^T U_low| and *max_v = max
+ * |V_low V_high^T| (elements of the full, unsharded products; 0 where no
+ * target has that part).
+ *
+ * Either pointer may be NULL. Collective: one all-reduce
  * (partial products of U_ROWS and V_COLS parts, and each rank's maximum of
  * the others). Reads the coefficients back to the host.
  *
- * Errors: OSFT_STATUS_INVALID_HANDLE, OSFT_STATUS_INVALID_ARGUMENT (a part
- * without its trainable factor), and those of osft_projector_project.
+ * @param[in]  projector  The projector.
+ * @param[out] max_u      Receives max |U_high^T U_low|, or NULL.
+ * @param[out] max_v      Receives max |V_low V_high^T|, or NULL.
+ * @return Errors: OSFT_STATUS_INVALID_HANDLE, OSFT_STATUS_INVALID_ARGUMENT (a
+ * part without its trainable factor), and those of osft_projector_project.
+ * @retval OSFT_STATUS_SUCCESS  The residuals were written.
+ * @retval OSFT_STATUS_INVALID_HANDLE  As for osft_projector_project().
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (a part without its trainable factor)
+ * @retval OSFT_STATUS_SHAPE_MISMATCH  As for osft_projector_project().
+ * @retval OSFT_STATUS_COMM_ERROR  As for osft_projector_project().
+ * @retval OSFT_STATUS_TIMEOUT  As for osft_projector_project().
+ * @retval OSFT_STATUS_OUT_OF_MEMORY  As for osft_projector_project().
+ * @retval OSFT_STATUS_NOT_SUPPORTED  As for osft_projector_project().
+ * @retval OSFT_STATUS_BACKEND_ERROR  As for osft_projector_project().
  */
 OSFT_API osft_status_t osft_projector_orthogonality(osft_projector_t projector,
                                                     double *max_u, double *max_v);
 
-/* What a projector holds and does per call. */
+/** @brief What a projector holds and does per call. */
 typedef struct osft_projector_info_s {
-  size_t struct_size;              /* set by the caller: sizeof as compiled */
-  int64_t targets;                 /* registered targets */
-  int64_t reduced_elements;        /* fp32 coefficients all-reduced per call */
-  int64_t collectives_per_project; /* 0 or 1 (setup collectives excluded) */
-  uint64_t coefficient_bytes;      /* persistent coefficient buffer */
-  uint64_t gathered_bytes;         /* cached V_high of V_ROWS targets */
-  int setup_pending;               /* 1 if the next call runs the setup */
+  size_t struct_size;              /**< set by the caller: sizeof as compiled */
+  int64_t targets;                 /**< registered targets */
+  int64_t reduced_elements;        /**< fp32 coefficients all-reduced per call */
+  int64_t collectives_per_project; /**< 0 or 1 (setup collectives excluded) */
+  uint64_t coefficient_bytes;      /**< persistent coefficient buffer */
+  uint64_t gathered_bytes;         /**< cached V_high of V_ROWS targets */
+  int setup_pending;               /**< 1 if the next call runs the setup */
 } osft_projector_info_t;
 
-/* Writes *info (fields up to info->struct_size). Errors:
- * OSFT_STATUS_INVALID_HANDLE, OSFT_STATUS_INVALID_ARGUMENT (info NULL),
- * OSFT_STATUS_INVALID_STRUCT_SIZE. */
+/**
+ * @brief Writes *info (fields up to info->struct_size).
+ *
+ * @param[in]     projector  The projector.
+ * @param[in,out] info       In: struct_size set by the caller; out: the
+ *                           information.
+ * @retval OSFT_STATUS_SUCCESS  *info was written.
+ * @retval OSFT_STATUS_INVALID_HANDLE  projector is not a live projector.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (info NULL)
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  info->struct_size.
+ */
 OSFT_API osft_status_t osft_projector_get_info(osft_projector_t projector,
                                                osft_projector_info_t *info);
+
+/**
+ * @def OSFT_PROJECTOR_OPTIONS_INIT(o)
+ * @brief osft_projector_options_init() with the struct's own size.
+ * @param o  Pointer to an osft_projector_options_t.
+ */
+
+/**
+ * @def OSFT_PROJECTION_TARGET_INIT(t)
+ * @brief osft_projection_target_init() with the struct's own size.
+ * @param t  Pointer to an osft_projection_target_t.
+ */
+
+/** @} */
 
 #ifdef __cplusplus
 }

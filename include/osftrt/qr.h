@@ -1,5 +1,6 @@
-/*
- * libosftrt — batched QR factorization, for optimizers that keep
+/**
+ * @file
+ * @brief libosftrt — batched QR factorization, for optimizers that keep
  * orthonormal eigenbases (SOAP, Shampoo): one call factors a whole list of
  * matrices of mixed shapes, and a fused call runs the power-iteration step
  * Q_i <- qr(A_i Q_i) for a list of pairs.
@@ -11,6 +12,7 @@
  * to rounding.
  *
  * Methods (osft_qr_method_t):
+ * @code{.unparsed}
  *   OSFT_QR_HOUSEHOLDER   blocked Householder (LAPACK geqrfp + orgqr on
  *     the CPU, cuSOLVER geqrf + orgqr on CUDA; on CUDA, matrices small
  *     enough to sit in one block's shared memory are factored together by
@@ -29,7 +31,9 @@
  *     Householder (logged at OSFT_LOG_DEBUG). The result then meets the
  *     same accuracy as Householder. Small matrices on CUDA always use the
  *     batched Householder kernel, which is faster for them.
+ * @endcode
  *
+ * @par Execution
  * Execution: matrices are grouped by dtype and shape and spread over
  * several workers (opts->max_concurrency): threads on the CPU, CUDA
  * streams (each with its own cuBLAS and cuSOLVER handle) on a GPU. The
@@ -38,7 +42,8 @@
  * on the CPU, OpenBLAS may itself use several threads, which can change
  * the last bits).
  *
- * Per-matrix failures. A matrix that contains NaN or Inf, that is
+ * @par Per-matrix failures
+ * A matrix that contains NaN or Inf, that is
  * rank-deficient to the tolerance opts->rank_tolerance, or whose result
  * overflows, is a failure of that matrix only: its outputs (Q, R; for an
  * in-place call, its A) are left exactly as they were, the others are
@@ -51,7 +56,8 @@
  * the matrices that succeeded. Every other error (a malformed list, bad
  * options, out of memory) is detected before anything is written.
  *
- * Threading and streams. Like every operation, a call uses its context
+ * @par Threading and streams
+ * Like every operation, a call uses its context
  * from one thread at a time. On the CPU the call runs its workers on
  * threads of its own and, while they run, sets OpenBLAS's (process-wide)
  * thread count to 1 so that they do not oversubscribe the cores; the count
@@ -71,10 +77,21 @@
  * device for the life of the process, and shared by all contexts of that
  * device (never by two calls at once).
  *
+ * @par Memory
  * Memory: scratch comes from the context's workspace, sized by the
  * largest matrices and the number of workers. With a workspace_limit the
  * call uses fewer workers to fit, and fails with OSFT_STATUS_OUT_OF_MEMORY
  * only if one worker does not fit.
+ *
+ * @code
+ *   const DLTensor *a[3] = {&g0, &g1, &g2};  // mixed shapes, m_i >= n_i
+ *   DLTensor *q[3] = {&q0, &q1, &q2};
+ *   osft_status_t each[3];
+ *   osft_status_t st = osft_qr_batch(ctx, NULL, 3, a, q, NULL, each);
+ *   if (st == OSFT_STATUS_NUMERICAL_ERROR)  // some failed; the rest are written
+ *     for (int i = 0; i < 3; ++i)
+ *       if (each[i] != OSFT_STATUS_SUCCESS) keep_old_basis[i] = 1;
+ * @endcode
  */
 #ifndef OSFTRT_QR_H
 #define OSFTRT_QR_H
@@ -90,26 +107,37 @@
 extern "C" {
 #endif
 
-/* How each matrix is factored. Values are fixed forever (ABI.md). */
+/**
+ * @defgroup osftrt_qr Batched QR
+ * @brief Thin QR factorizations of lists of matrices, and fused power
+ * iteration, for SOAP/Shampoo eigenbases (osftrt/qr.h).
+ * @{
+ */
+
+/** @brief How each matrix is factored. Values are fixed forever (ABI.md). */
 typedef enum osft_qr_method_e {
-  OSFT_QR_HOUSEHOLDER = 0, /* blocked Householder: stable, the default */
-  OSFT_QR_CHOLESKY_QR2 = 1 /* CholeskyQR2, checked, Householder fall-back */
+  OSFT_QR_HOUSEHOLDER = 0, /**< blocked Householder: stable, the default */
+  OSFT_QR_CHOLESKY_QR2 = 1 /**< CholeskyQR2, checked, Householder fall-back */
 } osft_qr_method_t;
 
-/* Options of osft_qr_batch() and osft_qr_power_iteration(). Initialize
- * with OSFT_QR_OPTIONS_INIT(&o); every default is 0. */
+/**
+ * @brief Options of osft_qr_batch() and osft_qr_power_iteration().
+ *
+ * Initialize
+ * with OSFT_QR_OPTIONS_INIT(&o); every default is 0.
+ */
 typedef struct osft_qr_options_s {
-  size_t struct_size; /* sizeof(osft_qr_options_t) as compiled */
-  /* Default OSFT_QR_HOUSEHOLDER. */
+  size_t struct_size; /**< sizeof(osft_qr_options_t) as compiled */
+  /** Default OSFT_QR_HOUSEHOLDER. */
   osft_qr_method_t method;
-  /* OSFT_QR_CHOLESKY_QR2 only: the largest loss of orthogonality of the
+  /** OSFT_QR_CHOLESKY_QR2 only: the largest loss of orthogonality of the
    * first pass, ||Q1^T Q1 - I||_F (Frobenius norm; Q1 = A R1^-1), that is
    * still accepted. It is read from the second pass's Gram matrix at no
    * extra cost. Below 1 it bounds kappa(Q1)^2 <= (1 + t) / (1 - t), and the
    * second pass then restores orthogonality to the level of Householder
    * (Yamamoto et al., 2015). Must be >= 0; 0 means the default 0.5. */
   double orthogonality_threshold;
-  /* A matrix is reported rank-deficient (a per-matrix
+  /** A matrix is reported rank-deficient (a per-matrix
    * OSFT_STATUS_NUMERICAL_ERROR, nothing of it written) when
    * min_j |R_jj| <= rank_tolerance * max_j |R_jj|; an all-zero matrix
    * always is. 0 means the default max(m, n) * eps of the dtype (eps =
@@ -118,7 +146,7 @@ typedef struct osft_qr_options_s {
    * orthonormal Q with Q R = A, whose columns beyond the rank are not
    * unique (e.g. for power iteration on a singular preconditioner). */
   double rank_tolerance;
-  /* The most workers (CPU threads, CUDA streams) one call uses; never more
+  /** The most workers (CPU threads, CUDA streams) one call uses; never more
    * than the number of matrices. 0 means the default: on the CPU the
    * number of threads OpenBLAS is configured for (OPENBLAS_NUM_THREADS, or
    * the cores), on CUDA 8. 1 runs the matrices one after another (on the
@@ -126,77 +154,100 @@ typedef struct osft_qr_options_s {
   int max_concurrency;
 } osft_qr_options_t;
 
-/* Fills *opts with the defaults (all 0: Householder, default thresholds,
- * default concurrency) for a struct of struct_size bytes. Errors:
- * OSFT_STATUS_INVALID_ARGUMENT (opts NULL), OSFT_STATUS_INVALID_STRUCT_SIZE.
- * On error nothing is written. */
+/**
+ * @brief Fills *opts with the defaults (all 0: Householder, default
+ * thresholds, default concurrency) for a struct of struct_size bytes.
+ *
+ * @param[out] opts         The struct to fill.
+ * @param[in]  struct_size  sizeof(*opts) as the caller compiled it.
+ * @return OSFT_STATUS_SUCCESS, or an error.
+ * On error nothing is written.
+ * @retval OSFT_STATUS_SUCCESS  The defaults were written.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (opts NULL)
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.0 layout.
+ */
 OSFT_API osft_status_t osft_qr_options_init(osft_qr_options_t *opts, size_t struct_size);
 #define OSFT_QR_OPTIONS_INIT(o) osft_qr_options_init((o), sizeof(*(o)))
 
-/*
- * QR factorizations of `count` matrices: A_i = Q_i R_i for i < count.
+/**
+ * @brief QR factorizations of `count` matrices: A_i = Q_i R_i for i < count.
  *
- *   opts     options; NULL for the defaults. Read during the call only.
- *   count    number of matrices; 0 does nothing and succeeds (the arrays
- *            may then be NULL).
- *   a        array of `count` tensors A_i: 2-D m_i x n_i with m_i >= n_i,
- *            fp32 or fp64 (each its own), row-major with unit column stride
- *            and a row stride >= n_i (padded rows allowed), on the
- *            context's device. Shapes and dtypes may differ between
- *            entries. Read only, unless the call is in place.
- *   q        array of `count` output tensors Q_i (m_i x n_i, A_i's dtype,
- *            same layout rules), or NULL to write each Q_i over its A_i
- *            (in place). An entry that describes exactly A_i's memory
- *            (same address, shape and row stride) is also in place. An
- *            entry must not be NULL.
- *   r        NULL (no R wanted), or an array of `count` entries, each NULL
- *            (no R for that matrix) or an n_i x n_i tensor of A_i's dtype
- *            (padded rows allowed) that receives R_i: the upper triangle,
- *            with zeros below the diagonal.
- *   per_matrix_status  NULL, or an array of `count` statuses: written once
- *            the list has been validated and the factorizations have run,
- *            each OSFT_STATUS_SUCCESS or OSFT_STATUS_NUMERICAL_ERROR.
+ * @param[in]  ctx    The context.
+ * @param[in]  opts   options; NULL for the defaults. Read during the call
+ *                    only.
+ * @param[in]  count  number of matrices; 0 does nothing and succeeds (the
+ *                    arrays may then be NULL).
+ * @param[in]  a      array of `count` tensors A_i: 2-D m_i x n_i with
+ *                    m_i >= n_i, fp32 or fp64 (each its own), row-major with
+ *                    unit column stride and a row stride >= n_i (padded rows
+ *                    allowed), on the context's device. Shapes and dtypes may
+ *                    differ between entries. Read only, unless the call is in
+ *                    place.
+ * @param[out] q      array of `count` output tensors Q_i (m_i x n_i, A_i's
+ *                    dtype, same layout rules), or NULL to write each Q_i
+ *                    over its A_i (in place). An entry that describes exactly
+ *                    A_i's memory (same address, shape and row stride) is
+ *                    also in place. An entry must not be NULL.
+ * @param[out] r      NULL (no R wanted), or an array of `count` entries, each
+ *                    NULL (no R for that matrix) or an n_i x n_i tensor of
+ *                    A_i's dtype (padded rows allowed) that receives R_i: the
+ *                    upper triangle, with zeros below the diagonal.
+ * @param[out] per_matrix_status  NULL, or an array of `count` statuses:
+ *                    written once the list has been validated and the
+ *                    factorizations have run, each OSFT_STATUS_SUCCESS or
+ *                    OSFT_STATUS_NUMERICAL_ERROR.
  *
  * Outputs must not overlap any input or other output (except a Q_i that is
  * exactly its own A_i); inputs may overlap each other. Matrices with
  * n_i == 0 are accepted and need nothing. Units: elements.
  *
- * Returns OSFT_STATUS_SUCCESS when every matrix was factored, or
+ * @return OSFT_STATUS_SUCCESS when every matrix was factored, or
  * OSFT_STATUS_NUMERICAL_ERROR when one or more failed (see "Per-matrix
  * failures" above; the others are written). Errors detected before
- * anything is written (per_matrix_status included):
- *   OSFT_STATUS_INVALID_HANDLE (ctx),
- *   OSFT_STATUS_INVALID_ARGUMENT (a NULL array or entry with count > 0, a
- *     NULL q entry, an unknown method, a negative or NaN threshold, a
- *     negative max_concurrency, a NaN rank_tolerance),
- *   OSFT_STATUS_INVALID_STRUCT_SIZE (opts),
- *   OSFT_STATUS_DTYPE_MISMATCH (not fp32/fp64, or q/r unlike a),
- *   OSFT_STATUS_SHAPE_MISMATCH (not 2-D, m < n, q or r of another shape),
- *   OSFT_STATUS_BAD_LAYOUT, OSFT_STATUS_DEVICE_MISMATCH (an entry not on
- *     the context's device), OSFT_STATUS_ALIASING,
- *   OSFT_STATUS_NOT_SUPPORTED (a dimension above 2^31 - 1),
- *   OSFT_STATUS_OUT_OF_MEMORY (workspace),
- *   OSFT_STATUS_BACKEND_ERROR (a CUDA library failed; on the device, work
- *     already enqueued may have written some outputs).
+ * anything is written (per_matrix_status included) are listed below.
  * Every message names the offending entry, e.g. "q[7]: shape [64, 32],
  * expected [64, 48]" or "q[1] and a[2] share memory; they must not overlap".
+ * @retval OSFT_STATUS_SUCCESS  every matrix was factored.
+ * @retval OSFT_STATUS_NUMERICAL_ERROR  one or more failed (see "Per-matrix
+ *   failures" above; the others are written).
+ * @retval OSFT_STATUS_INVALID_HANDLE  (ctx)
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (a NULL array or entry with count >
+ *   0, a NULL q entry, an unknown method, a negative or NaN threshold, a
+ *   negative max_concurrency, a NaN rank_tolerance)
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  (opts)
+ * @retval OSFT_STATUS_DTYPE_MISMATCH  (not fp32/fp64, or q/r unlike a)
+ * @retval OSFT_STATUS_SHAPE_MISMATCH  (not 2-D, m < n, q or r of another
+ *   shape)
+ * @retval OSFT_STATUS_BAD_LAYOUT  An entry's layout.
+ * @retval OSFT_STATUS_DEVICE_MISMATCH  (an entry not on the context's device)
+ * @retval OSFT_STATUS_ALIASING  An output overlaps an input or another
+ *   output.
+ * @retval OSFT_STATUS_NOT_SUPPORTED  (a dimension above 2^31 - 1)
+ * @retval OSFT_STATUS_OUT_OF_MEMORY  (workspace)
+ * @retval OSFT_STATUS_BACKEND_ERROR  (a CUDA library failed; on the device,
+ *   work already enqueued may have written some outputs)
  */
 OSFT_API osft_status_t osft_qr_batch(osft_context_t ctx, const osft_qr_options_t *opts,
                                      size_t count, const DLTensor *const *a,
                                      DLTensor *const *q, DLTensor *const *r,
                                      osft_status_t *per_matrix_status);
 
-/*
- * Power iteration on `count` pairs: `iterations` times, Q_i <- qr(A_i Q_i)
- * (the Q factor, diag(R) >= 0), as a refresh of SOAP/Shampoo eigenbases
+/**
+ * @brief Power iteration on `count` pairs: `iterations` times, Q_i <- qr(A_i
+ * Q_i) (the Q factor, diag(R) >= 0), as a refresh of SOAP/Shampoo eigenbases
  * from their preconditioner factors does.
  *
- *   a     array of `count` square m_i x m_i tensors A_i (fp32 or fp64;
- *         padded rows allowed), read only.
- *   q     array of `count` m_i x n_i tensors Q_i (n_i <= m_i, A_i's dtype;
- *         padded rows allowed): the starting Q, overwritten with the result.
- *   iterations  >= 1.
- *   per_matrix_status  as for osft_qr_batch().
+ * @param[in]     ctx         The context.
+ * @param[in]     opts        options; NULL for the defaults (as for
+ *                            osft_qr_batch()).
+ * @param[in]     count       number of pairs (as for osft_qr_batch()).
+ * @param[in]     a           array of `count` square m_i x m_i tensors A_i
+ *                            (fp32 or fp64; padded rows allowed), read only.
+ * @param[in,out] q           array of `count` m_i x n_i tensors Q_i (n_i <=
+ *                            m_i, A_i's dtype; padded rows allowed): the
+ *                            starting Q, overwritten with the result.
+ * @param[in]     iterations  >= 1.
+ * @param[out]    per_matrix_status  as for osft_qr_batch().
  *
  * Equal, up to rounding of the product, to `iterations` calls of
  * osft_qr_batch() on the products A_i Q_i, but the products stay in
@@ -205,15 +256,39 @@ OSFT_API osft_status_t osft_qr_batch(osft_context_t ctx, const osft_qr_options_t
  * rank-deficient (see rank_tolerance) or overflows at any iteration. Q_i
  * must not overlap any A_j or other Q_j.
  *
- * Errors: as for osft_qr_batch(), plus OSFT_STATUS_INVALID_ARGUMENT for
- * iterations < 1 and OSFT_STATUS_SHAPE_MISMATCH for an A_i that is not
+ * @return Errors: as for osft_qr_batch(), plus OSFT_STATUS_INVALID_ARGUMENT
+ * for iterations < 1 and OSFT_STATUS_SHAPE_MISMATCH for an A_i that is not
  * square or a Q_i whose rows differ from A_i's.
+ * @retval OSFT_STATUS_SUCCESS  every pair was iterated.
+ * @retval OSFT_STATUS_NUMERICAL_ERROR  one or more pairs failed (their Q_i
+ *   unchanged; the others are written).
+ * @retval OSFT_STATUS_INVALID_HANDLE  As for osft_qr_batch().
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  As for osft_qr_batch(); iterations <
+ *   1.
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  As for osft_qr_batch().
+ * @retval OSFT_STATUS_DTYPE_MISMATCH  As for osft_qr_batch().
+ * @retval OSFT_STATUS_SHAPE_MISMATCH  As for osft_qr_batch(); an A_i that is
+ *   not square or a Q_i whose rows differ from A_i's.
+ * @retval OSFT_STATUS_BAD_LAYOUT  As for osft_qr_batch().
+ * @retval OSFT_STATUS_DEVICE_MISMATCH  As for osft_qr_batch().
+ * @retval OSFT_STATUS_ALIASING  As for osft_qr_batch().
+ * @retval OSFT_STATUS_NOT_SUPPORTED  As for osft_qr_batch().
+ * @retval OSFT_STATUS_OUT_OF_MEMORY  As for osft_qr_batch().
+ * @retval OSFT_STATUS_BACKEND_ERROR  As for osft_qr_batch().
  */
 OSFT_API osft_status_t osft_qr_power_iteration(osft_context_t ctx,
                                                const osft_qr_options_t *opts,
                                                size_t count, const DLTensor *const *a,
                                                DLTensor *const *q, int iterations,
                                                osft_status_t *per_matrix_status);
+
+/**
+ * @def OSFT_QR_OPTIONS_INIT(o)
+ * @brief osft_qr_options_init() with the struct's own size.
+ * @param o  Pointer to an osft_qr_options_t.
+ */
+
+/** @} */
 
 #ifdef __cplusplus
 }

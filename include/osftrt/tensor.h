@@ -1,5 +1,6 @@
-/*
- * libosftrt — tensors.
+/**
+ * @file
+ * @brief libosftrt — tensors.
  *
  * Every tensor argument is a DLPack DLTensor (from the system's dlpack
  * package, <dlpack/dlpack.h>), borrowed for the duration of the call: the
@@ -8,6 +9,7 @@
  * adopt caller-owned factor tensors document it and copy the descriptor).
  *
  * What every operation checks, before it writes anything:
+ * @code{.unparsed}
  *   - the DLTensor pointer (unless documented optional) and, for non-empty
  *     tensors, `data` are non-NULL                -> OSFT_STATUS_INVALID_ARGUMENT
  *   - dtype is one the operation accepts: kDLFloat 32/64/16, kDLBfloat 16,
@@ -25,12 +27,33 @@
  *   - outputs do not overlap inputs or each other where forbidden (address
  *     ranges; column slices of one matrix with the same row stride are
  *     recognized as disjoint)                     -> OSFT_STATUS_ALIASING
+ * @endcode
  * Each message names the argument (e.g. "grad_w: shape [4096, 1024], expected
  * [4096, 4096]").
+ *
+ * @code
+ *   float *data = ...;               // 4096 x 1024 floats on the host
+ *   int64_t shape[2] = {4096, 1024};
+ *   DLTensor w = {0};
+ *   w.data = data;
+ *   w.device.device_type = kDLCPU;   // device_id 0
+ *   w.ndim = 2;
+ *   w.dtype.code = kDLFloat;  w.dtype.bits = 32;  w.dtype.lanes = 1;
+ *   w.shape = shape;
+ *   w.strides = NULL;                // compact row-major
+ * @endcode
  */
 #ifndef OSFTRT_TENSOR_H
 #define OSFTRT_TENSOR_H
 
 #include <dlpack/dlpack.h>
+
+/**
+ * @defgroup osftrt_tensor Tensors
+ * @brief Every tensor argument is a borrowed DLPack DLTensor, checked on every
+ * call (osftrt/tensor.h).
+ *
+ * The checks and the statuses they give are listed in tensor.h.
+ */
 
 #endif /* OSFTRT_TENSOR_H */

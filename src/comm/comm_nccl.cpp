@@ -138,10 +138,16 @@ class NcclEngine final : public Engine {
 
   ncclResult_t broadcasts(const void *send, void *recv, const int64_t *counts, size_t e,
                           osfti_dtype_t dtype) {
+    /* A non-blocking communicator may answer ncclInProgress to any call:
+     * that is acceptance, and stopping there would let the ranks launch
+     * different sets of broadcasts (a hang). */
+    const auto accepted = [](ncclResult_t x) {
+      return x == ncclSuccess || x == ncclInProgress;
+    };
     ncclResult_t r = ncclGroupStart();
-    if (r != ncclSuccess) return r;
+    if (!accepted(r)) return r;
     size_t displ = 0;
-    for (int p = 0; p < size_ && r == ncclSuccess; ++p) {
+    for (int p = 0; p < size_ && accepted(r); ++p) {
       char *block = static_cast<char *>(recv) + displ * e;
       const size_t n = static_cast<size_t>(counts[p]);
       if (n > 0)
@@ -150,7 +156,7 @@ class NcclEngine final : public Engine {
       displ += n;
     }
     const ncclResult_t end = ncclGroupEnd();
-    return r != ncclSuccess ? r : end;
+    return accepted(r) ? end : r;
   }
 
   /* Enqueues with `call`, then waits for a non-blocking communicator to

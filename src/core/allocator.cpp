@@ -67,15 +67,22 @@ void Allocator::host_free(void *ptr, size_t bytes) noexcept {
 
 void *Allocator::device_alloc(size_t bytes, int device_id, void *stream,
                               const char *what) {
-  void *p = callbacks_.device_alloc != nullptr
-                ? callbacks_.device_alloc(callbacks_.user, bytes, device_id, stream)
-                : cuda::device_malloc(bytes, device_id);
-  if (p == nullptr)
-    raise(OSFT_STATUS_OUT_OF_MEMORY,
-          "%s: allocation of %zu bytes on CUDA device %d failed%s", what, bytes,
-          device_id,
-          callbacks_.device_alloc != nullptr ? " (caller's device_alloc returned NULL)"
-                                             : "");
+  void *p = nullptr;
+  if (callbacks_.device_alloc != nullptr) {
+    p = callbacks_.device_alloc(callbacks_.user, bytes, device_id, stream);
+    if (p == nullptr)
+      raise(OSFT_STATUS_OUT_OF_MEMORY,
+            "%s: allocation of %zu bytes on CUDA device %d failed (caller's device_alloc "
+            "returned NULL)",
+            what, bytes, device_id);
+  } else {
+    try {
+      p = cuda::device_malloc(bytes, device_id, stream);
+    } catch (const Error &e) {
+      raise(e.status(), "%s: allocation of %zu bytes on CUDA device %d: %s", what, bytes,
+            device_id, e.what());
+    }
+  }
   count_alloc(counters_.device_in_use, counters_.device_peak, counters_.device_allocs,
               bytes);
   return p;
@@ -87,7 +94,7 @@ void Allocator::device_free(void *ptr, size_t bytes, int device_id,
   if (callbacks_.device_free != nullptr)
     callbacks_.device_free(callbacks_.user, ptr, bytes, device_id, stream);
   else
-    cuda::device_free(ptr, device_id);
+    cuda::device_free(ptr, device_id, stream);
   counters_.device_in_use -= bytes;
 }
 

@@ -171,6 +171,10 @@ void set_stream(Context &ctx, void *stream) {
             "stream: a CPU context has no stream; must be NULL");
     return;
   }
+  /* Blocks the old stream may still be using (the workspace) are freed or
+   * reused in stream order on the new one: order the new stream after the
+   * old stream's work (on the device; the host does not wait). */
+  if (stream != ctx.stream) cuda::stream_wait(ctx.device_id, stream, ctx.stream);
   if (ctx.blas != nullptr) cuda::set_blas_stream(ctx.blas, stream);
   if (ctx.solver != nullptr) {
     try {

@@ -19,9 +19,20 @@ int device_count() noexcept;
  * `arg`. */
 void check_device(int device_id, const char *arg);
 
-/* cudaMalloc on `device_id`; returns NULL on failure. */
-void *device_malloc(size_t bytes, int device_id) noexcept;
-void device_free(void *ptr, int device_id) noexcept;
+/* Device memory in stream order on `stream`, from the library's own pool
+ * on `device_id` (freed blocks stay cached: a free never waits for the
+ * device, and a steady state asks the driver for nothing). device_malloc
+ * throws OSFT_STATUS_OUT_OF_MEMORY when the device is out of memory and
+ * OSFT_STATUS_BACKEND_ERROR with the CUDA error's name otherwise (a sticky
+ * error from an earlier fault, a refusal during capture). The block may be
+ * used by work on `stream`, or on another stream ordered after it; free it
+ * on the stream that used it last. */
+void *device_malloc(size_t bytes, int device_id, void *stream);
+void device_free(void *ptr, int device_id, void *stream) noexcept;
+
+/* Makes later work on `waiting` wait (on the device, not the host) for the
+ * work enqueued so far on `waited_on`. No-op when they are the same. */
+void stream_wait(int device_id, void *waiting, void *waited_on);
 
 /* Waits for `stream` (NULL: the legacy default stream). Throws
  * OSFT_STATUS_BACKEND_ERROR with the CUDA error name. */
@@ -38,7 +49,8 @@ void copy(int device_id, void *stream, void *dst, const void *src, size_t bytes,
           CopyKind kind);
 
 /* Library handles, created on `device_id` and bound to `stream`. Create
- * functions throw OSFT_STATUS_BACKEND_ERROR; destroy accepts NULL. */
+ * functions throw OSFT_STATUS_BACKEND_ERROR (OSFT_STATUS_OUT_OF_MEMORY when
+ * the library could not allocate); destroy accepts NULL. */
 void *create_blas(int device_id, void *stream);
 void *create_solver(int device_id, void *stream);
 void set_blas_stream(void *blas, void *stream);

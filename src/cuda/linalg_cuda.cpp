@@ -24,7 +24,8 @@ using cuda::transposed;
 
 /* Device scratch from the context's allocator. Freeing right after
  * enqueuing is safe: a caller's allocator gets the stream and frees in
- * stream order, the built-in one uses cudaFree, which waits for the device. */
+ * stream order, and so does the built-in one (cudaFreeAsync into the
+ * library's pool, which keeps the block cached: no wait). */
 class DeviceBuffer {
  public:
   DeviceBuffer(Context &ctx, int64_t count, size_t elem_size, const char *what)

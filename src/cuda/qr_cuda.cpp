@@ -44,6 +44,7 @@ constexpr uint32_t kSkipMask = kQrFailureMask | kQrNeedsFallback;
 
 struct Lane {
   int device = -1;
+  CUcontext owner = nullptr; /* the context its handles belong to */
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr, done = nullptr;
   cublasHandle_t blas = nullptr;
@@ -63,6 +64,7 @@ void destroy_lane(Lane *l) noexcept {
 Lane *create_lane(int device) {
   Lane *l = new Lane();
   l->device = device;
+  cuda::current_context(&l->owner);
   try {
     check_cuda(cudaStreamCreateWithFlags(&l->stream, cudaStreamNonBlocking),
                "cudaStreamCreateWithFlags");
@@ -91,16 +93,24 @@ class LanePool {
     return *pool;
   }
 
-  /* Fills out[0..count): idle lanes of `device` first, new ones after. */
+  /* Fills out[0..count): idle lanes of `device` first, new ones after.
+   * Lanes whose CUDA context is gone (a cudaDeviceReset since) are dropped:
+   * their handles died with it and cannot even be destroyed. */
   void acquire(int device, int count, Lane **out) {
     int got = 0;
+    CUcontext current = nullptr;
+    const bool known = cuda::current_context(&current);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (size_t i = idle_.size(); i-- > 0 && got < count;)
-        if (idle_[i]->device == device) {
-          out[got++] = idle_[i];
-          idle_.erase(idle_.begin() + static_cast<std::ptrdiff_t>(i));
-        }
+      for (size_t i = idle_.size(); i-- > 0 && got < count;) {
+        Lane *l = idle_[i];
+        if (l->device != device) continue;
+        idle_.erase(idle_.begin() + static_cast<std::ptrdiff_t>(i));
+        if (known && l->owner != current)
+          delete l; /* stale: the handles are not ours to destroy any more */
+        else
+          out[got++] = l;
+      }
     }
     try {
       for (; got < count; ++got) out[got] = create_lane(device);
@@ -110,9 +120,12 @@ class LanePool {
     }
   }
 
+  /* The lanes' cuBLAS workspaces were lent by the call (its scratch): they
+   * are taken back before the lanes idle. */
   void release(Lane *const *lanes, int count) noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
     for (int i = 0; i < count; ++i) {
+      cublasSetWorkspace(lanes[i]->blas, nullptr, 0);
       try {
         idle_.push_back(lanes[i]);
       } catch (...) {
@@ -309,13 +322,23 @@ template <class T>
 using Buffers = QrBuffers<T>;
 
 /* The job's buffers in its lane's scratch (nullptr: only counts). */
+/* cuBLAS workspace of a lane, at the start of its scratch: from the
+ * context's allocator (so it is counted and bounded by workspace_limit)
+ * instead of the handle's own cudaMalloc. cuBLAS documents 4 MiB for GPUs
+ * before Hopper and 32 MiB for Hopper; the lanes run only syrk, trsm, trmm
+ * and a power-iteration gemm, so the smaller size is the default until a
+ * GPU profile says otherwise. */
+constexpr size_t kLaneBlasWorkspace = size_t{4} << 20;
+
 template <class T>
 size_t carve(Context &ctx, const QrJob &job, const QrCall &call, char *base,
              Buffers<T> *out) {
   const int lwork =
       solver_lwork<T>(ctx, static_cast<int>(job.m()), static_cast<int>(job.n()),
                       call.method == QrMethod::cholesky_qr2);
-  return qr_carve<T>(job, call, lwork, base, out);
+  return kLaneBlasWorkspace +
+         qr_carve<T>(job, call, lwork,
+                     base != nullptr ? base + kLaneBlasWorkspace : nullptr, out);
 }
 
 /* Enqueues one job on its lane. */
@@ -393,15 +416,17 @@ class JobRunner {
                  "cusolverDn geqrf");
     kq::launch_diagonal(lane_.stream, dtype(), b_.w, m_, n_, b_.sign, flag_,
                         job_.rank_tol);
-    if (want_r) { /* R = diag(sign) * triu(w) */
-      kq::Transfer t;
-      t.src = kq::col_major(b_.w, n_, n_, m_);
-      t.dst = kq::col_major(b_.r, n_, n_, n_);
-      t.scale = b_.sign;
-      t.axis = kq::Scale::rows;
-      t.upper = true;
-      kq::launch_transfer(lane_.stream, dtype(), t);
-    }
+    /* R = diag(sign) * triu(w) when wanted; either way all of R is checked
+     * for NaN/Inf (launch_diagonal sees only its diagonal), as on the CPU. */
+    kq::Transfer t;
+    t.src = kq::col_major(b_.w, n_, n_, m_);
+    if (want_r) t.dst = kq::col_major(b_.r, n_, n_, n_);
+    t.scale = b_.sign;
+    t.axis = kq::Scale::rows;
+    t.upper = true;
+    t.flag = flag_;
+    t.bit = kQrNonfiniteResult;
+    kq::launch_transfer(lane_.stream, dtype(), t);
     check_solver(orgqr(lane_.solver, m(), n(), b_.w, b_.tau, b_.work, lwork(), b_.info),
                  "cusolverDn orgqr");
     transfer(work_view(b_.w), kq::View{}, nullptr, kQrNonfiniteResult, false);
@@ -434,6 +459,8 @@ class JobRunner {
                                flag_);
     kq::launch_diagonal(lane_.stream, dtype(), b_.r, n_, n_, nullptr, flag_,
                         job_.rank_tol);
+    transfer(kq::col_major(b_.r, n_, n_, n_), kq::View{}, nullptr, kQrNonfiniteResult,
+             false, true);
     transfer(work_view(b_.w), kq::View{}, nullptr, kQrNonfiniteResult, false);
   }
 
@@ -514,6 +541,8 @@ void run_lanes(Context &ctx, const QrCall &call, const LaneSet &lanes, char *scr
     if (job.lane < 0 || (redo != nullptr && redo[p] == 0)) continue;
     char *base = scratch + call.lane_offset[job.lane];
     const Lane &lane = lanes.lane(job.lane);
+    check_blas(cublasSetWorkspace(lane.blas, base, kLaneBlasWorkspace),
+               "cublasSetWorkspace");
     if (job.q.dtype == OSFTI_F64)
       JobRunner<double>(ctx, call, lane, job, base, flags + p).run(cholesky);
     else

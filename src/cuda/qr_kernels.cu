@@ -213,15 +213,25 @@ __device__ void householder_qr(T *w, int m, int n, T *tau, double *red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int j = 0; j < n; ++j) {
     T *col = w + static_cast<int64_t>(j) * m;
-    double part = 0.0;
+    double big = 0.0;
     for (int i = j + 1 + threadIdx.x; i < m; i += blockDim.x)
-      part += static_cast<double>(col[i]) * static_cast<double>(col[i]);
-    const double sigma = block_reduce(part, Op::sum, red);
+      big = fmax(big, fabs(static_cast<double>(col[i])));
+    const double below = block_reduce(big, Op::max, red);
     const T alpha = col[j];
     T beta = alpha, t = T(0), scal = T(0);
-    if (sigma != 0.0) { /* dlarfg; sigma == 0: H = I */
+    if (below != 0.0) { /* dlarfg; a zero column below the diagonal: H = I */
+      /* The norm of the scaled column, as dnrm2 does: plain squares of
+       * fp64 entries underflow to 0 below ~1e-162 (every tau 0, Q = I) and
+       * overflow above ~1e154. A NaN or Inf stays and is flagged later. */
       const double a = static_cast<double>(alpha);
-      const double norm = sqrt(a * a + sigma);
+      const double scale = fmax(below, fabs(a));
+      double part = 0.0;
+      for (int i = j + 1 + threadIdx.x; i < m; i += blockDim.x) {
+        const double v = static_cast<double>(col[i]) / scale;
+        part += v * v;
+      }
+      const double ssq = block_reduce(part, Op::sum, red);
+      const double norm = scale * sqrt((a / scale) * (a / scale) + ssq);
       beta = static_cast<T>(a >= 0.0 ? -norm : norm);
       t = (beta - alpha) / beta;
       scal = T(1) / (alpha - beta);

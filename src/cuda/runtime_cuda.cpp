@@ -2,12 +2,18 @@
  * Compiled only when CUDA is enabled. */
 #include "core/cuda_runtime.h"
 
+#include <cstdint>
+#include <mutex>
+
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cusolverDn.h>
 
+#include "core/cuda_arch.h"
 #include "core/error.h"
+#include "cuda/cuda_check.h"
 #include "cuda/device_guard.h"
+#include "osftrt_build_config.h"
 
 namespace osft::cuda {
 namespace {
@@ -54,47 +60,98 @@ void check_device(int device_id, const char *arg) {
   if (device_id >= n)
     raise(OSFT_STATUS_NO_DEVICE, "%s: CUDA device %d does not exist (%d visible)", arg,
           device_id, n);
+  /* Attributes, not properties: no context is created for the query. */
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_id) !=
+          cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_id) !=
+          cudaSuccess) {
+    cudaGetLastError();
+    return; /* unknown: let the first kernel say */
+  }
+  if (!osfti_cuda_arch_supported(OSFTRT_CUDA_ARCHS, major, minor))
+    raise(OSFT_STATUS_NOT_SUPPORTED,
+          "%s: CUDA device %d has compute capability %d.%d, but this libosftrt was "
+          "built for CUDA architectures %s (rebuild with "
+          "-DCMAKE_CUDA_ARCHITECTURES=%d%d)",
+          arg, device_id, major, minor, OSFTRT_CUDA_ARCHS, major, minor);
 }
 
-void *device_malloc(size_t bytes, int device_id) noexcept {
+namespace {
+
+/* The library's own stream-ordered pool on each device: freed blocks stay
+ * cached (release threshold: never), so a free never waits for the device
+ * and a steady state allocates nothing from the driver. A pool of our own
+ * leaves the device's default pool, which frameworks may tune, alone. */
+cudaMemPool_t device_pool(int device_id) {
+  constexpr int max_devices = 64;
+  static cudaMemPool_t pools[max_devices] = {};
+  static std::mutex lock;
+  if (device_id < 0 || device_id >= max_devices)
+    raise(OSFT_STATUS_NOT_SUPPORTED, "CUDA device %d: at most %d devices are supported",
+          device_id, max_devices);
+  std::lock_guard<std::mutex> hold(lock);
+  if (pools[device_id] != nullptr) return pools[device_id];
+  cudaMemPoolProps props = {};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device_id;
+  cudaMemPool_t pool = nullptr;
+  check_cuda(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
+  uint64_t keep = UINT64_MAX;
+  check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+             "cudaMemPoolSetAttribute(release threshold)");
+  pools[device_id] = pool;
+  return pool;
+}
+
+}  // namespace
+
+void *device_malloc(size_t bytes, int device_id, void *stream) {
+  DeviceGuard guard(device_id);
+  void *p = nullptr;
+  check_cuda(cudaMallocFromPoolAsync(&p, bytes, device_pool(device_id),
+                                     static_cast<cudaStream_t>(stream)),
+             "cudaMallocFromPoolAsync");
+  return p;
+}
+
+void device_free(void *ptr, int device_id, void *stream) noexcept {
   try {
     DeviceGuard guard(device_id);
-    void *p = nullptr;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    if (cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream)) != cudaSuccess)
       cudaGetLastError();
-      return nullptr;
-    }
-    return p;
   } catch (...) {
-    return nullptr;
   }
 }
 
-void device_free(void *ptr, int device_id) noexcept {
-  try {
-    DeviceGuard guard(device_id);
-    cudaFree(ptr);
-  } catch (...) {
-  }
+void stream_wait(int device_id, void *waiting, void *waited_on) {
+  if (waiting == waited_on) return;
+  DeviceGuard guard(device_id);
+  cudaEvent_t done = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+  cudaError_t e = cudaEventRecord(done, static_cast<cudaStream_t>(waited_on));
+  if (e == cudaSuccess)
+    e = cudaStreamWaitEvent(static_cast<cudaStream_t>(waiting), done, 0);
+  cudaEventDestroy(done); /* released once the wait has been satisfied */
+  check_cuda(e, "cudaStreamWaitEvent");
 }
 
 void synchronize(int device_id, void *stream) {
   DeviceGuard guard(device_id);
-  cudaError_t e = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
-  if (e != cudaSuccess)
-    raise(OSFT_STATUS_BACKEND_ERROR, "cudaStreamSynchronize: %s", cudaGetErrorString(e));
+  check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)),
+             "cudaStreamSynchronize");
 }
 
 void *create_blas(int device_id, void *stream) {
   DeviceGuard guard(device_id);
   cublasHandle_t h = nullptr;
-  cublasStatus_t s = cublasCreate(&h);
-  if (s != CUBLAS_STATUS_SUCCESS)
-    raise(OSFT_STATUS_BACKEND_ERROR, "cublasCreate: %s", blas_status_name(s));
-  s = cublasSetStream(h, static_cast<cudaStream_t>(stream));
-  if (s != CUBLAS_STATUS_SUCCESS) {
+  check_blas(cublasCreate(&h), "cublasCreate");
+  try {
+    check_blas(cublasSetStream(h, static_cast<cudaStream_t>(stream)), "cublasSetStream");
+  } catch (...) {
     cublasDestroy(h);
-    raise(OSFT_STATUS_BACKEND_ERROR, "cublasSetStream: %s", blas_status_name(s));
+    throw;
   }
   return h;
 }
@@ -104,7 +161,9 @@ void *create_solver(int device_id, void *stream) {
   cusolverDnHandle_t h = nullptr;
   cusolverStatus_t s = cusolverDnCreate(&h);
   if (s != CUSOLVER_STATUS_SUCCESS)
-    raise(OSFT_STATUS_BACKEND_ERROR, "cusolverDnCreate: %s", solver_status_name(s));
+    raise(s == CUSOLVER_STATUS_ALLOC_FAILED ? OSFT_STATUS_OUT_OF_MEMORY
+                                            : OSFT_STATUS_BACKEND_ERROR,
+          "cusolverDnCreate: %s", solver_status_name(s));
   s = cusolverDnSetStream(h, static_cast<cudaStream_t>(stream));
   if (s != CUSOLVER_STATUS_SUCCESS) {
     cusolverDnDestroy(h);

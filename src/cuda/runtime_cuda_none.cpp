@@ -25,10 +25,13 @@ int device_count() noexcept {
 void check_device(int, const char *arg) {
   not_compiled(arg);
 }
-void *device_malloc(size_t, int) noexcept {
-  return nullptr;
+void *device_malloc(size_t, int, void *) {
+  not_compiled("device memory");
 }
-void device_free(void *, int) noexcept {}
+void device_free(void *, int, void *) noexcept {}
+void stream_wait(int, void *, void *) {
+  not_compiled("stream_wait");
+}
 void synchronize(int, void *) {
   not_compiled("synchronize");
 }
