@@ -14,20 +14,9 @@
 #endif
 
 #include "../mpi/projection_ref.h"
+#include "test_fixture.h"
 #include "test_tensors.h"
 #include "test_util.h"
-
-static int setup(void **state) {
-  *state = tt_context(NULL);
-  return 0;
-}
-
-static int teardown(void **state) {
-  assert_ok(osft_context_destroy((osft_context_t)*state));
-  return 0;
-}
-
-#define CTX ((osft_context_t)*state)
 
 static tt *vector_of(tt_dtype d, int64_t n, double first) {
   const int64_t shape[1] = {n};
@@ -387,7 +376,7 @@ static void test_create_errors(void **state) {
 static void test_nccl_one_rank(void **state) {
   if (!osft_has_feature(OSFT_FEATURE_NCCL)) {
     printf("NCCL not compiled in: skipping the NCCL engine\n");
-    return;
+    skip(); /* reported as skipped, not passed */
   }
   osft_nccl_unique_id_t id;
   assert_ok(osft_comm_nccl_unique_id(&id));
@@ -448,12 +437,12 @@ static void test_nccl_one_rank(void **state) {
 int main(void) {
   if (!tt_device_present()) return OSFT_TEST_SKIP;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_self, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_callbacks, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_collective_errors, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_create_errors, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_self, tt_setup, tt_teardown),
+      cmocka_unit_test_setup_teardown(test_callbacks, tt_setup, tt_teardown),
+      cmocka_unit_test_setup_teardown(test_collective_errors, tt_setup, tt_teardown),
+      cmocka_unit_test_setup_teardown(test_create_errors, tt_setup, tt_teardown),
 #ifdef OSFT_TEST_CUDA
-      cmocka_unit_test_setup_teardown(test_nccl_one_rank, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nccl_one_rank, tt_setup, tt_teardown),
 #endif
   };
   return cmocka_run_group_tests_name("comm", tests, NULL, NULL);

@@ -84,14 +84,81 @@ osft_context_t tt_context(const osft_context_options_t *given) {
   return ctx;
 }
 
+#ifdef OSFT_TEST_CUDA
+/* The device pair of the counting allocator on a GPU: cudaMalloc/cudaFree
+ * (which wait for the device, so freeing in stream order is trivially
+ * safe), counting into the same state as the host pair. Sizes are kept in
+ * a table of live blocks, since device memory cannot carry a header. */
+enum { TT_MAX_DEVICE_BLOCKS = 4096 };
+static struct {
+  void *ptr;
+  size_t bytes;
+} tt_device_blocks[TT_MAX_DEVICE_BLOCKS];
+
+static void *tt_cuda_alloc(void *user, size_t bytes, int device_id, void *stream) {
+  (void)stream;
+  test_alloc_state *s = user;
+  if (s->fail_device_after == 0) return NULL;
+  if (s->fail_device_after > 0) --s->fail_device_after;
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = device_id;
+  void *p = NULL;
+  cudaSetDevice(device_id);
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  cudaSetDevice(previous);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return NULL;
+  }
+  for (int i = 0; i < TT_MAX_DEVICE_BLOCKS; ++i)
+    if (tt_device_blocks[i].ptr == NULL) {
+      tt_device_blocks[i].ptr = p;
+      tt_device_blocks[i].bytes = bytes;
+      ++s->device_allocs;
+      s->device_bytes_live += bytes;
+      return p;
+    }
+  cudaFree(p);
+  return NULL; /* table full: report a refused allocation */
+}
+
+static void tt_cuda_free(void *user, void *ptr, size_t bytes, int device_id,
+                         void *stream) {
+  (void)device_id, (void)stream;
+  test_alloc_state *s = user;
+  for (int i = 0; i < TT_MAX_DEVICE_BLOCKS; ++i)
+    if (tt_device_blocks[i].ptr == ptr) {
+      if (tt_device_blocks[i].bytes != bytes) s->size_mismatch = 1;
+      s->device_bytes_live -= tt_device_blocks[i].bytes;
+      tt_device_blocks[i].ptr = NULL;
+      ++s->device_frees;
+      cudaFree(ptr);
+      return;
+    }
+  s->size_mismatch = 1; /* not a block of ours */
+}
+#endif
+
 osft_context_t tt_counting_context(test_alloc_state *a) {
   test_alloc_reset(a);
   osft_allocator_t cb;
   test_alloc_callbacks(&cb, a, 0);
+#ifdef OSFT_TEST_CUDA
+  cb.device_alloc = tt_cuda_alloc;
+  cb.device_free = tt_cuda_free;
+#endif
   osft_context_options_t o;
   assert_ok(OSFT_CONTEXT_OPTIONS_INIT(&o));
-  if (tt_device() == OSFT_DEVICE_CPU) o.allocator = &cb; /* copied at create */
+  o.allocator = &cb; /* copied at create */
   return tt_context(&o);
+}
+
+void tt_expect_all_returned(const test_alloc_state *a) {
+  assert_int_equal(a->host_allocs, a->host_frees);
+  assert_int_equal(a->host_bytes_live, 0);
+  assert_int_equal(a->device_allocs, a->device_frees);
+  assert_int_equal(a->device_bytes_live, 0);
+  assert_false(a->size_mismatch);
 }
 
 static float bf16_to_f32(uint16_t b) {

@@ -29,10 +29,14 @@ osft_device_type_t tt_device(void);
 /* 1 if the device exists (always on the CPU), else prints why and returns 0. */
 int tt_device_present(void);
 osft_context_t tt_context(const osft_context_options_t *opts_or_null);
-/* A context on the device under test whose host memory, on the CPU, goes
- * through the counting allocator of test_util.h (reset first); `a` must
- * outlive the context. */
+/* A context on the device under test whose memory goes through the
+ * counting allocator of test_util.h (reset first): its host pair, and on a
+ * GPU a counting cudaMalloc/cudaFree device pair; `a` must outlive the
+ * context. */
 osft_context_t tt_counting_context(test_alloc_state *a);
+/* After such a context is destroyed: every host and device block it
+ * allocated was freed, with the size it was allocated with. */
+void tt_expect_all_returned(const test_alloc_state *a);
 
 /* A compact tensor of the given rank and shape. */
 tt *tt_new(tt_dtype dtype, int ndim, const int64_t *shape);

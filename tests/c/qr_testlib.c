@@ -1,0 +1,258 @@
+#include "qr_testlib.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_tensors.h"
+#include "test_util.h"
+
+const osft_qr_method_t kMethods[2] = {OSFT_QR_HOUSEHOLDER, OSFT_QR_CHOLESKY_QR2};
+
+double eps_of(tt_dtype d) {
+  return d == TT_F64 ? 2.220446049250313e-16 : 1.1920928955078125e-07;
+}
+
+double *zeros(int64_t n) {
+  return calloc((size_t)(n > 0 ? n : 1), sizeof(double));
+}
+
+void ref_qr(const double *a, int64_t m, int64_t n, double *q, double *r) {
+  memcpy(q, a, sizeof(double) * (size_t)(m * n));
+  if (r) memset(r, 0, sizeof(double) * (size_t)(n * n));
+  for (int64_t j = 0; j < n; ++j) {
+    for (int pass = 0; pass < 2; ++pass)
+      for (int64_t k = 0; k < j; ++k) {
+        double c = 0;
+        for (int64_t i = 0; i < m; ++i) c += q[i * n + k] * q[i * n + j];
+        for (int64_t i = 0; i < m; ++i) q[i * n + j] -= c * q[i * n + k];
+        if (r) r[k * n + j] += c;
+      }
+    double nrm = 0;
+    for (int64_t i = 0; i < m; ++i) nrm += q[i * n + j] * q[i * n + j];
+    nrm = sqrt(nrm);
+    for (int64_t i = 0; i < m; ++i) q[i * n + j] /= nrm;
+    if (r) r[j * n + j] = nrm;
+  }
+}
+
+double *random_orthonormal(int64_t m, int64_t n) {
+  double *g = zeros(m * n), *q = zeros(m * n);
+  for (int64_t i = 0; i < m * n; ++i) g[i] = test_uniform(-1, 1);
+  ref_qr(g, m, n, q, NULL);
+  free(g);
+  return q;
+}
+
+double *conditioned(int64_t m, int64_t n, double kappa) {
+  double *u = random_orthonormal(m, n), *v = random_orthonormal(n, n), *a = zeros(m * n);
+  for (int64_t k = 0; k < n; ++k) {
+    const double s = n > 1 ? pow(kappa, -(double)k / (double)(n - 1)) : 1.0;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) a[i * n + j] += u[i * n + k] * s * v[j * n + k];
+  }
+  free(u);
+  free(v);
+  return a;
+}
+
+double frob(const double *x, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += x[i] * x[i];
+  return sqrt(s);
+}
+
+void expect_qr(const char *what, const double *a, const double *q, const double *r,
+               int64_t m, int64_t n, tt_dtype d, double kappa) {
+  const double tol = 30.0 * (double)(m > n ? m : n) * eps_of(d);
+  double orth = 0;
+  for (int64_t p = 0; p < n; ++p)
+    for (int64_t c = 0; c < n; ++c) {
+      double dot = 0;
+      for (int64_t i = 0; i < m; ++i) dot += q[i * n + p] * q[i * n + c];
+      orth += (dot - (p == c)) * (dot - (p == c));
+    }
+  orth = sqrt(orth);
+  if (!(orth <= tol)) fail_msg("%s: ||Q^T Q - I||_F = %.3g > %.3g", what, orth, tol);
+  double *rr = zeros(n * n);
+  if (r) {
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        if (j < i && r[i * n + j] != 0.0)
+          fail_msg("%s: R(%lld,%lld) = %g below the diagonal", what, (long long)i,
+                   (long long)j, r[i * n + j]);
+        rr[i * n + j] = r[i * n + j];
+      }
+  } else { /* R = Q^T A */
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t t = 0; t < m; ++t) rr[i * n + j] += q[t * n + i] * a[t * n + j];
+  }
+  for (int64_t j = 0; j < n; ++j)
+    if (!(rr[j * n + j] >= 0.0) || (!r && !(rr[j * n + j] > 0.0)))
+      fail_msg("%s: diag(R)[%lld] = %g breaks diag(R) >= 0", what, (long long)j,
+               rr[j * n + j]);
+  double *res = zeros(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t t = 0; t < n; ++t) s += q[i * n + t] * rr[t * n + j];
+      res[i * n + j] = s - a[i * n + j];
+    }
+  const double resid = frob(res, m * n) / frob(a, m * n);
+  if (!(resid <= tol)) fail_msg("%s: ||QR - A|| / ||A|| = %.3g > %.3g", what, resid, tol);
+  const double ref_tol = 20.0 * kappa * (double)(m > n ? m : n) * eps_of(d);
+  if (ref_tol < 1e-2) {
+    double *qref = zeros(m * n);
+    ref_qr(a, m, n, qref, NULL);
+    const double err = rel_max_err(q, qref, (size_t)(m * n), 1.0);
+    if (!(err <= ref_tol))
+      fail_msg("%s: Q differs from the reference by %.3g > %.3g", what, err, ref_tol);
+    free(qref);
+  }
+  free(rr);
+  free(res);
+}
+
+tt *new_mat(tt_dtype d, int64_t m, int64_t n, int64_t ld) {
+  if (ld > 0) return tt_new_padded(d, m, n, ld);
+  const int64_t shape[2] = {m, n};
+  return tt_new(d, 2, shape);
+}
+
+void list_make(list *L, int n, const spec *s, const double *kappa, const int *want_r) {
+  memset(L, 0, sizeof *L);
+  L->n = n;
+  for (int i = 0; i < n; ++i) {
+    L->s[i] = s[i];
+    L->kappa[i] = kappa ? kappa[i] : 10.0;
+    L->a[i] = new_mat(s[i].dtype, s[i].m, s[i].n, s[i].ld);
+    tt_poison(L->a[i]); /* padding: the same bits in every list */
+    double *v = conditioned(s[i].m, s[i].n, L->kappa[i]);
+    tt_set(L->a[i], v);
+    free(v);
+    L->q[i] = new_mat(s[i].dtype, s[i].m, s[i].n, s[i].ld ? s[i].ld + 1 : 0);
+    tt_poison(L->q[i]);
+    if (!want_r || want_r[i]) {
+      L->r[i] = new_mat(s[i].dtype, s[i].n, s[i].n, 0);
+      tt_poison(L->r[i]);
+    }
+    L->ap[i] = &L->a[i]->t;
+    L->qp[i] = &L->q[i]->t;
+    L->rp[i] = L->r[i] ? &L->r[i]->t : NULL;
+  }
+}
+
+void list_free(list *L) {
+  for (int i = 0; i < L->n; ++i) {
+    tt_free(L->a[i]);
+    tt_free(L->q[i]);
+    tt_free(L->r[i]);
+  }
+}
+
+void expect_entry(const list *L, int i, const tt *qt, const double *a) {
+  char what[64];
+  snprintf(what, sizeof what, "entry %d (%lldx%lld %s)", i, (long long)L->s[i].m,
+           (long long)L->s[i].n, L->s[i].dtype == TT_F64 ? "f64" : "f32");
+  double *q = tt_get(qt);
+  double *r = L->r[i] ? tt_get(L->r[i]) : NULL;
+  expect_qr(what, a, q, r, L->s[i].m, L->s[i].n, L->s[i].dtype, L->kappa[i]);
+  free(q);
+  free(r);
+}
+
+osft_qr_options_t options(osft_qr_method_t method) {
+  osft_qr_options_t o;
+  assert_ok(OSFT_QR_OPTIONS_INIT(&o));
+  o.method = method;
+  return o;
+}
+
+snap take(const tt *t) {
+  snap s = {NULL, 0};
+  if (t) s.bytes = tt_bytes(t, &s.size);
+  return s;
+}
+
+int same(const snap *s, const tt *t) {
+  if (!t) return s->bytes == NULL;
+  size_t size;
+  void *now = tt_bytes(t, &size);
+  const int eq = size == s->size && memcmp(now, s->bytes, size) == 0;
+  free(now);
+  return eq;
+}
+
+void list_take(const list *L, list_snap *S) {
+  for (int i = 0; i < L->n; ++i) {
+    S->a[i] = take(L->a[i]);
+    S->q[i] = take(L->q[i]);
+    S->r[i] = take(L->r[i]);
+  }
+}
+
+void list_expect_same(const list *L, const list_snap *S, const char *what) {
+  for (int i = 0; i < L->n; ++i)
+    if (!same(&S->a[i], L->a[i]) || !same(&S->q[i], L->q[i]) || !same(&S->r[i], L->r[i]))
+      fail_msg("%s: entry %d changed", what, i);
+}
+
+void list_snap_free(const list *L, list_snap *S) {
+  for (int i = 0; i < L->n; ++i) {
+    free(S->a[i].bytes);
+    free(S->q[i].bytes);
+    free(S->r[i].bytes);
+  }
+}
+
+const spec kMixed[] = {
+    {TT_F32, 5, 3, 0},    {TT_F64, 16, 16, 0},   {TT_F32, 40, 12, 15},
+    {TT_F32, 64, 64, 0},  {TT_F64, 1, 1, 0},     {TT_F32, 7, 1, 0},
+    {TT_F64, 130, 70, 0}, {TT_F32, 33, 33, 40},  {TT_F64, 96, 24, 30},
+    {TT_F32, 130, 70, 0}, {TT_F32, 180, 150, 0}, {TT_F64, 140, 100, 110},
+};
+
+const int kWantR[N_MIXED] = {1, 0, 1, 1, 1, 0, 1, 0, 1, 1, 1, 0};
+
+double *spd(int64_t m) {
+  double *u = random_orthonormal(m, m), *a = zeros(m * m);
+  for (int64_t k = 0; k < m; ++k) {
+    const double lambda = 1.0 + 4.0 * test_uniform(0, 1);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < m; ++j)
+        a[i * m + j] += u[i * m + k] * lambda * u[j * m + k];
+  }
+  free(u);
+  return a;
+}
+
+const pair_spec kPairs[] = {{TT_F64, 24, 24, 0},     {TT_F64, 40, 16, 45},
+                            {TT_F64, 9, 3, 0},       {TT_F32, 32, 32, 0},
+                            {TT_F32, 20, 5, 21},     {TT_F32, 1, 1, 0},
+                            {TT_F32, 160, 160, 170}, {TT_F64, 130, 100, 0}};
+
+void pairs_make(pairs *P) {
+  for (int i = 0; i < N_PAIRS; ++i) {
+    const pair_spec *s = &kPairs[i];
+    P->a[i] = new_mat(s->dtype, s->m, s->m, s->lda);
+    tt_poison(P->a[i]);
+    double *a = spd(s->m);
+    tt_set(P->a[i], a);
+    free(a);
+    P->q[i] = new_mat(s->dtype, s->m, s->n, 0);
+    double *q = conditioned(s->m, s->n, 3.0);
+    tt_set(P->q[i], q);
+    free(q);
+    P->ap[i] = &P->a[i]->t;
+    P->qp[i] = &P->q[i]->t;
+  }
+}
+
+void pairs_free(pairs *P) {
+  for (int i = 0; i < N_PAIRS; ++i) {
+    tt_free(P->a[i]);
+    tt_free(P->q[i]);
+  }
+}

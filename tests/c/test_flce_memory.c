@@ -1,0 +1,103 @@
+/* Fused linear cross-entropy memory: the budget decides the chunk size and
+ * bounds what a call takes, and every block goes back to the context's
+ * allocator.
+ *
+ * Built twice: for the CPU, and with OSFT_TEST_CUDA for a GPU (skipped where
+ * none is present). The float64 reference and the case helpers are in
+ * flce_testlib.h. */
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_tensors.h"
+#include "test_util.h"
+
+#include "flce_testlib.h"
+#include "test_fixture.h"
+
+/* The budget decides the chunk size; what the call takes stays within it. */
+static void test_budget_and_plan(void **state) {
+  flce_case c = base_case(100, 8, 50, TT_F32);
+  c.want = WANT_LOSS | WANT_DW;
+  test_seed("budget");
+  flce_tensors T = make_tensors(&c);
+  osft_flce_inputs_t in;
+  osft_flce_outputs_t out;
+  bind(&c, &T, &in, &out);
+  const size_t row = 4 * 64; /* padded V = 64 floats */
+  int64_t last_chunks = 0;
+  const size_t budgets[4] = {0, 200 * row + 4096, 30 * row + 4096, 4 * row + 3000};
+  for (int i = 0; i < 4; ++i) {
+    osft_context_t ctx = tt_context(NULL);
+    c.budget = budgets[i];
+    osft_flce_t f = make_flce(ctx, &c);
+    osft_flce_plan_t p;
+    p.struct_size = sizeof p;
+    assert_ok(osft_flce_get_plan(f, &in, &out, &p));
+    assert_int_equal(p.tokens, 100);
+    assert_true(p.chunks * p.chunk_rows >= 100 && (p.chunks - 1) * p.chunk_rows < 100);
+    assert_true(p.scratch_bytes <= p.budget_bytes);
+    if (budgets[i] != 0) assert_int_equal(p.budget_bytes, budgets[i]);
+    assert_true(p.chunks >= last_chunks);
+    assert_true(p.chunk_rows * row <= p.budget_bytes);
+    last_chunks = p.chunks;
+    assert_ok(osft_flce_compute(f, &in, &out));
+    osft_memory_stats_t st;
+    st.struct_size = sizeof st;
+    assert_ok(osft_context_get_memory_stats(ctx, &st));
+    assert_true(st.workspace_bytes <= p.budget_bytes);
+    assert_int_equal(st.workspace_bytes, p.scratch_bytes);
+    assert_ok(osft_flce_destroy(f));
+    assert_ok(osft_context_destroy(ctx));
+  }
+  assert_true(last_chunks >= 10);
+  /* explicit chunk rows: exactly that many, when the budget allows */
+  c.budget = 0;
+  c.chunk_rows = 30;
+  osft_flce_t f = make_flce(CTX, &c);
+  osft_flce_plan_t p;
+  p.struct_size = sizeof p;
+  assert_ok(osft_flce_get_plan(f, &in, &out, &p));
+  assert_int_equal(p.chunk_rows, 30);
+  assert_int_equal(p.chunks, 4);
+  assert_ok(osft_flce_destroy(f));
+  /* the context's workspace limit bounds the budget */
+  osft_context_options_t o;
+  assert_ok(OSFT_CONTEXT_OPTIONS_INIT(&o));
+  o.workspace_limit = 10 * row + 4096;
+  osft_context_t small = tt_context(&o);
+  c.chunk_rows = 0;
+  f = make_flce(small, &c);
+  assert_ok(osft_flce_get_plan(f, &in, &out, &p));
+  assert_int_equal(p.budget_bytes, o.workspace_limit);
+  assert_true(p.chunk_rows * row <= o.workspace_limit && p.chunks > 1);
+  assert_ok(osft_flce_destroy(f));
+  assert_ok(osft_context_destroy(small));
+  free_tensors(&T);
+}
+
+/* Every block the op takes goes back (counting allocator on the CPU). */
+static void test_memory_is_returned(void **state) {
+  (void)state;
+  test_alloc_state a;
+  osft_context_t ctx = tt_counting_context(&a);
+  flce_case c = base_case(30, 5, 17, TT_BF16);
+  c.bias = 1;
+  c.chunk_rows = 8;
+  c.grad_b_dtype = TT_BF16;
+  run_case(ctx, &c);
+  assert_ok(osft_context_destroy(ctx));
+  if (tt_device() == OSFT_DEVICE_CPU) assert_true(a.host_allocs > 0);
+  tt_expect_all_returned(&a);
+}
+
+int main(void) {
+  if (!tt_device_present()) return OSFT_TEST_SKIP;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_budget_and_plan, tt_setup, tt_teardown),
+      cmocka_unit_test(test_memory_is_returned),
+  };
+  return cmocka_run_group_tests_name("flce_memory", tests, NULL, NULL);
+}

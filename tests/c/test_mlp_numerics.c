@@ -1,0 +1,227 @@
+/* Tiled MLP numerics: forward and backward over tiles against the untiled
+ * float64 reference, for every variant with and without biases, accumulation,
+ * factorized (OSFT) projections, the sum-over-tiles property of the weight
+ * gradients, and large pre-activations.
+ *
+ * Built twice: for the CPU, and with OSFT_TEST_CUDA for a GPU (skipped where
+ * none is present). Helpers (the float64 reference, fixtures, checks) are in
+ * mlp_testlib.h; no test may log a warning (tt_setup_quiet). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_tensors.h"
+#include "test_util.h"
+
+#include "mlp_testlib.h"
+#include "test_fixture.h"
+
+/* ---------------------------------------------------------------- tests */
+
+/* Every variant, biases off and on, fp32: tile counts 1, 2, 7 and the
+ * automatic rule on a batch of two sequences of 15 tokens (30 rows: 7 tiles
+ * of 4 or 5 tokens do not divide it). */
+static void test_every_variant_fp32(void **state) {
+  for (int v = 0; v < N_VARIANTS; ++v)
+    for (int bias = 0; bias < 2; ++bias) {
+      test_seed("variants fp32");
+      cfg c = base_cfg(kVariants[v], TT_F32);
+      c.bias = bias;
+      fixture *f = fx_new(CTX, c);
+      const int64_t lead[2] = {2, 15};
+      const int64_t tiles[4] = {1, 2, 7, 0};
+      for (int t = 0; t < 4; ++t) {
+        char label[96];
+        snprintf(label, sizeof label, "variant %d bias %d tiles %lld", (int)kVariants[v],
+                 bias, (long long)tiles[t]);
+        check_pass(f, 3, lead, tiles[t], 0, label);
+      }
+      fx_free(f);
+    }
+}
+
+/* Accumulate mode adds onto existing gradients (micro-batches), in fp32 and
+ * bf16, with one tile and with several. */
+static void test_accumulate(void **state) {
+  const tt_dtype dts[2] = {TT_F32, TT_BF16};
+  for (int d = 0; d < 2; ++d)
+    for (int layers = 0; layers < 2; ++layers) {
+      test_seed("accumulate");
+      cfg c = base_cfg(OSFT_MLP_SWIGLU, dts[d]);
+      c.bias = 1;
+      c.gdtype = dts[d];
+      c.layers = layers ? (1 << UP) : 0;
+      c.fdtype = dts[d];
+      fixture *f = fx_new(CTX, c);
+      const int64_t lead[1] = {23};
+      check_pass(f, 2, lead, 1, 1, "accumulate, 1 tile");
+      check_pass(f, 2, lead, 7, 1, "accumulate, 7 tiles");
+      fx_free(f);
+    }
+}
+
+/* Factorized (OSFT) projections inside: each projection in turn, then all
+ * three; fp32 and bf16 factors (bf16 with several tiles goes through fp32
+ * copies), fp32 and bf16 activations. */
+static void test_layer_projections(void **state) {
+  const int masks[4] = {1 << UP, 1 << GATE, 1 << DOWN, 7};
+  const tt_dtype fdts[2] = {TT_F32, TT_BF16};
+  for (int mk = 0; mk < 4; ++mk)
+    for (int fd = 0; fd < 2; ++fd)
+      for (int ad = 0; ad < 2; ++ad) {
+        test_seed("layers");
+        cfg c = base_cfg(OSFT_MLP_SWIGLU, ad ? TT_BF16 : TT_F32);
+        c.layers = masks[mk];
+        c.fdtype = fdts[fd];
+        c.bias = mk == 1;
+        fixture *f = fx_new(CTX, c);
+        const int64_t lead[2] = {2, 13};
+        const int64_t tiles[3] = {1, 2, 7};
+        for (int t = 0; t < 3; ++t) {
+          char label[128];
+          snprintf(label, sizeof label, "layers 0x%x factors %s act %s tiles %lld",
+                   masks[mk], fd ? "bf16" : "fp32", ad ? "bf16" : "fp32",
+                   (long long)tiles[t]);
+          check_pass(f, 3, lead, tiles[t], 0, label);
+        }
+        fx_free(f);
+      }
+  /* a plain variant with a factorized down projection */
+  test_seed("layers plain");
+  cfg c = base_cfg(OSFT_MLP_GELU_TANH, TT_F32);
+  c.layers = 1 << DOWN;
+  c.bias = 1;
+  fixture *f = fx_new(CTX, c);
+  const int64_t lead[1] = {17};
+  check_pass(f, 2, lead, 3, 0, "plain, factorized down");
+  fx_free(f);
+}
+
+/* Backward into the given gradients; returns copies of them as doubles. */
+static void backward_copy(fixture *f, const tt *x, const tt *gy, int64_t tiles,
+                          uint32_t accumulate, grads *G) {
+  G->g.accumulate = accumulate;
+  assert_ok(osft_mlp_backward(f->mlp, &x->t, &gy->t, &G->g, tiles));
+}
+
+/* The weight gradients are the plain SUM over the tiles, each tile once:
+ *  - 1 tile and 7 tiles agree with each other and with the untiled
+ *    reference (a mean would be 7 times smaller, a repeated tile larger);
+ *  - with one tile's upstream gradient zero, the result equals the
+ *    reference over the other tokens: that tile contributes nothing, and
+ *    no other tile is counted twice in its place;
+ *  - running the backward once per tile with only that tile's upstream
+ *    gradient and accumulating gives the same sum. */
+static void test_gradients_are_the_sum_over_tiles(void **state) {
+  test_seed("sum over tiles");
+  cfg c = base_cfg(OSFT_MLP_SWIGLU, TT_F32);
+  c.bias = 1;
+  fixture *f = fx_new(CTX, c);
+  const int64_t m = 28, T = 7, per = 4; /* 7 tiles of 4 tokens */
+  const int64_t lead[1] = {m};
+  tt *x = activations(f, 2, lead), *gy = activations(f, 2, lead);
+  double *xd = tt_get(x), *gyd = tt_get(gy);
+
+  grads one, seven;
+  grads_new(f, x, &one);
+  grads_new(f, x, &seven);
+  backward_copy(f, x, gy, 1, 0, &one);
+  backward_copy(f, x, gy, T, 0, &seven);
+  ref_out o = ref_run(&f->R, xd, gyd, m);
+  expect_grads(f, &one, &o, NULL, "1 tile");
+  expect_grads(f, &seven, &o, NULL, "7 tiles");
+  for (int p = 0; p < 3; ++p) {
+    double *a = tt_get(one.dw[p]), *b = tt_get(seven.dw[p]);
+    const double err = rel_max_err(b, a, (size_t)tt_logical_numel(one.dw[p]), 1e-3);
+    if (!(err <= 1e-5)) fail_msg("grad_%s: 7 tiles vs 1 tile: %.3g", kProj[p], err);
+    free(a);
+    free(b);
+  }
+
+  /* tile 3 (tokens 12..15) gets a zero upstream gradient */
+  double *masked = malloc(sizeof(double) * (size_t)(m * c.H));
+  memcpy(masked, gyd, sizeof(double) * (size_t)(m * c.H));
+  for (int64_t t = 3 * per; t < 4 * per; ++t)
+    for (int64_t j = 0; j < c.H; ++j) masked[t * c.H + j] = 0.0;
+  tt_set(gy, masked);
+  backward_copy(f, x, gy, T, 0, &seven);
+  ref_out o_masked = ref_run(&f->R, xd, masked, m);
+  expect_grads(f, &seven, &o_masked, NULL, "tile 3 zero");
+
+  /* one backward per tile, each with only its own tokens' gradient */
+  for (int64_t k = 0; k < T; ++k) {
+    for (int64_t i = 0; i < m * c.H; ++i) masked[i] = i / c.H / per == k ? gyd[i] : 0.0;
+    tt_set(gy, masked);
+    backward_copy(f, x, gy, T, k == 0 ? 0 : OSFT_MLP_ACCUMULATE_ALL, &seven);
+  }
+  expect_grads(f, &seven, &o, NULL, "per-tile accumulation");
+
+  ref_out_free(&o);
+  ref_out_free(&o_masked);
+  free(masked);
+  free(xd);
+  free(gyd);
+  grads_free(&one);
+  grads_free(&seven);
+  tt_free(x);
+  tt_free(gy);
+  fx_free(f);
+}
+
+/* Pre-activations of a few units (where gelu_tanh's polynomial matters)
+ * and large ones (|z| well beyond 10: saturated, finite, exact). */
+static void test_large_inputs(void **state) {
+  for (int v = 0; v < 2 * N_VARIANTS; ++v) {
+    const double scale = v < N_VARIANTS ? 6.0 : 60.0;
+    test_seed("large");
+    cfg c = base_cfg(kVariants[v % N_VARIANTS], TT_F32);
+    fixture *f = fx_new(CTX, c);
+    const int64_t m = 6;
+    const int64_t lead[1] = {m};
+    tt *x = activations(f, 2, lead), *gy = activations(f, 2, lead);
+    double *xd = tt_get(x);
+    for (int64_t i = 0; i < m * c.H; ++i) xd[i] *= scale;
+    tt_set(x, xd);
+    free(xd);
+    char label[64];
+    snprintf(label, sizeof label, "inputs x%g, variant %d", scale,
+             (int)kVariants[v % N_VARIANTS]);
+    tt *y = tt_new(TT_F32, 2, x->shape);
+    assert_ok(osft_mlp_forward(f->mlp, &x->t, &y->t, 2));
+    double *yd = tt_get(y);
+    xd = tt_get(x);
+    double *gyd = tt_get(gy);
+    ref_out o = ref_run(&f->R, xd, gyd, m);
+    expect_close(label, y, o.y, tol_for(TT_F32));
+    grads G;
+    grads_new(f, x, &G);
+    assert_ok(osft_mlp_backward(f->mlp, &x->t, &gy->t, &G.g, 2));
+    expect_grads(f, &G, &o, NULL, label);
+    grads_free(&G);
+    ref_out_free(&o);
+    free(yd);
+    free(xd);
+    free(gyd);
+    tt_free(x);
+    tt_free(gy);
+    tt_free(y);
+    fx_free(f);
+  }
+}
+
+int main(void) {
+  if (!tt_device_present()) return OSFT_TEST_SKIP;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_every_variant_fp32, tt_setup_quiet,
+                                      tt_teardown_quiet),
+      cmocka_unit_test_setup_teardown(test_accumulate, tt_setup_quiet, tt_teardown_quiet),
+      cmocka_unit_test_setup_teardown(test_layer_projections, tt_setup_quiet,
+                                      tt_teardown_quiet),
+      cmocka_unit_test_setup_teardown(test_gradients_are_the_sum_over_tiles,
+                                      tt_setup_quiet, tt_teardown_quiet),
+      cmocka_unit_test_setup_teardown(test_large_inputs, tt_setup_quiet,
+                                      tt_teardown_quiet),
+  };
+  return cmocka_run_group_tests_name("mlp_numerics", tests, NULL, NULL);
+}
