@@ -4,14 +4,24 @@
 #   0. .ci/setup.sh: install missing build/test dependencies.
 #   1. Main build in ./build: Ninja, CUDA AUTO (used when a toolkit is found)
 #      for the architectures in $OSFTRT_CUDA_ARCHS (default 90), warnings as
-#      errors, ABI gate on; build everything; ctest (unit tests, exported
-#      symbols, ABI baseline, packaging).
+#      errors, ABI gate on; build everything; ctest (unit tests and their
+#      CUDA twins, multi-rank MPI tests, the trainer's short runs, exported
+#      symbols, ABI baseline, packaging, layout and documentation rules).
 #   2. Sanitizer build in ./build-asan: AddressSanitizer + UBSan, CPU only,
 #      no ABI gate; build everything; ctest with leak detection on and UBSan
 #      fatal.
-#   3. clang-format --dry-run --Werror over include/, src/, tests/c/ and
-#      examples/ (*.h *.c *.cpp *.cu *.cuh), if a .clang-format exists at the
-#      repository root.
+#   3. clang-format --dry-run --Werror over the C/C++/CUDA sources.
+#   4. The API reference (Doxygen, warnings as errors) and the doc comments
+#      SWIG carries (.ci/stage_docs.sh).
+#   5. The main job as the README runs it: .ci/example.sh, the continual
+#      fine-tuning trainer (.ci/stage_trainer.sh).
+#   6. The bindings against the installed library (build-release/prefix):
+#      Python (pytest, /usr/bin/python3 with Debian's torch), Go (go test,
+#      -race), Rust (cargo test --offline, bindgen drift), Julia (structural
+#      checks): .ci/stage_{python,go,rust,julia}.sh.
+#   7. Hostile input and concurrency: libFuzzer harnesses for a bounded time
+#      (.ci/stage_fuzz.sh), ThreadSanitizer (.ci/stage_tsan.sh), valgrind
+#      memcheck (.ci/stage_memcheck.sh).
 # Every stage runs even if an earlier one failed; a summary line follows.
 # Exit status: 0 if every stage passed, 1 otherwise.
 #
@@ -25,14 +35,15 @@ cuda_archs=${OSFTRT_CUDA_ARCHS:-90}
 summary=()
 failed=0
 
-# stage NAME FUNCTION: runs FUNCTION, records PASS/FAIL and its duration.
+# stage NAME COMMAND...: runs COMMAND, records PASS/FAIL and its duration.
 stage() {
-  local name=$1 fn=$2 start rc
+  local name=$1 start rc
+  shift
   echo
   echo "===== $name"
   start=$SECONDS
   set +e
-  ( set -e; "$fn" )
+  ( set -e; "$@" )
   rc=$?
   set -e
   if [[ $rc -eq 0 ]]; then
@@ -83,7 +94,7 @@ asan_build() {
 
 format_check() {
   local dirs=() d
-  for d in include src tests/c examples; do
+  for d in include src tests/c tests/mpi tests/fuzz tests/tsan examples bench; do
     [[ -d "$d" ]] && dirs+=("$d")
   done
   local files=()
@@ -106,11 +117,26 @@ if [[ -f .clang-format ]]; then
 else
   summary+=("clang-format: SKIPPED (no .clang-format)")
 fi
+stage "API reference + doc comments" bash .ci/stage_docs.sh
+stage "main job: the trainer (.ci/example.sh)" bash .ci/stage_trainer.sh
+stage "Python binding" bash .ci/stage_python.sh
+stage "Go binding" bash .ci/stage_go.sh
+stage "Rust binding" bash .ci/stage_rust.sh
+stage "Julia package (structural)" bash .ci/stage_julia.sh
+stage "fuzz (libFuzzer, bounded)" bash .ci/stage_fuzz.sh
+stage "ThreadSanitizer" bash .ci/stage_tsan.sh
+stage "valgrind memcheck" bash .ci/stage_memcheck.sh
 
 echo
 verdict=PASSED
 [[ $failed -eq 0 ]] || verdict=FAILED
+passed=0 failures=0
+for s in "${summary[@]}"; do
+  [[ $s == *": PASS ("* ]] && passed=$((passed + 1))
+  [[ $s == *": FAIL ("* ]] && failures=$((failures + 1))
+done
 line="ci: $verdict"
 for s in "${summary[@]}"; do line+=" | $s"; done
 echo "$line"
+echo "stages: $passed passed, $failures failed"
 [[ $failed -eq 0 ]]
