@@ -31,7 +31,9 @@ struct FlceLoss {
   float eps = 0.0f;       /* a / V (the global V) */
   float z_scale = 0.0f;   /* lambda */
   float softcap = 0.0f;   /* 0: off */
-  bool mean = true;       /* reduction MEAN: divide by the totals' denominator */
+  /* reduction MEAN: the cross-entropy part over the totals' denominator D,
+   * the z-loss part over their count of tokens not ignored (valid) */
+  bool mean = true;
   bool per_token = false; /* reduction NONE: grad_loss and loss per token */
 };
 
@@ -112,9 +114,12 @@ struct FlceTotals {
    * operation combines the ranks' partial sums (vocab parallelism). */
   double weight_sum = 0.0;  /* sum_j w_j over the classes (V without weights) */
   double denominator = 0.0; /* sum of w_y over tokens not ignored (their count) */
-  int64_t valid = 0;        /* tokens not ignored */
-  int64_t first_bad = -1;   /* first token whose target is out of range, or -1 */
-  int64_t bad_value = 0;    /* its target */
+  /* Tokens not ignored: the z-loss denominator of MEAN and the accuracy's.
+   * Every rank counts all tokens (targets are replicated), so it is the
+   * global count on every rank without combining. */
+  int64_t valid = 0;
+  int64_t first_bad = -1; /* first token whose target is out of range, or -1 */
+  int64_t bad_value = 0;  /* its target */
 };
 
 /* Per-token results of the row pass, indexed by token (scratch). */
@@ -124,11 +129,23 @@ struct FlceTokens {
   int64_t *argmax = nullptr; /* argmax_j z_ij */
 };
 
+/* The sticky record of device_target_check: {call, token, target}, call 0
+ * when clear. */
+constexpr int kFlceTargetRecordWords = 3;
+
 struct FlcePrepare {
   FlceLoss loss;
   FlceTargets targets;
   Vec class_weight;   /* data nullptr: none */
   FlceTotals *totals; /* scratch on the device */
+  /* wait: prepare() returns the totals on the host (one wait on CUDA);
+   * otherwise it returns default totals without waiting, and the check's
+   * result stays on the device, in *totals and, where `record` is set, in
+   * the sticky record (kFlceTargetRecordWords words, written only while
+   * clear) with `call` as the call's number. */
+  bool wait = true;
+  int64_t *record = nullptr;
+  int64_t call = 0;
 };
 
 /* What a row pass does: everything (single rank), or, with vocab

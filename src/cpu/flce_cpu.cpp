@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -105,7 +106,10 @@ struct RowSetup {
   const float *weights = nullptr; /* class weights, or nullptr */
   float cap = 0.0f, inv_cap = 0.0f;
   double weight_sum = 0.0;
-  double scale = 1.0; /* mean/sum: grad_loss / D; per token: unused */
+  /* The gradient scales of the cross-entropy part and of the z-loss part:
+   * MEAN grad_loss / D and grad_loss / N (N the tokens not ignored), SUM
+   * grad_loss both; NONE: unused (grad_loss per token). */
+  double scale = 1.0, z_scale = 1.0;
 };
 
 constexpr int kBlock = 512; /* floats per block: 2 KiB, in L1 */
@@ -262,7 +266,11 @@ void one_row(const RowSetup &s, int64_t i) {
   const FlceLoss &L = a.loss;
   const int64_t tok = a.first_token + i, v = L.vocab;
   const int64_t y = target_of(a.targets, tok);
-  const bool ignored = y == L.ignore_index;
+  /* A target outside [0, V) reaches here only with device_target_check: the
+   * token then counts as ignored, except that its loss is NaN (so that the
+   * reduced loss is too). */
+  const bool bad = y != L.ignore_index && (y < 0 || y >= L.vocab_global);
+  const bool ignored = y == L.ignore_index || bad;
   const int64_t yl = y - L.vocab_offset; /* the target's local column */
   const bool mine = !ignored && yl >= 0 && yl < v;
   float *z = static_cast<float *>(a.logits.data) + i * a.logits.ld;
@@ -290,19 +298,22 @@ void one_row(const RowSetup &s, int64_t i) {
   const double zl = ignored ? 0.0 : L.z_scale * lse * lse;
   const double ce = (1.0 - L.smoothing) * wy * (lse - st.target) +
                     L.eps * (lse * s.weight_sum - st.weighted);
-  a.tokens.loss[tok] = ignored ? 0.0f : static_cast<float>(ce + zl);
+  a.tokens.loss[tok] = bad       ? std::numeric_limits<float>::quiet_NaN()
+                       : ignored ? 0.0f
+                                 : static_cast<float>(ce + zl);
   a.tokens.z[tok] = static_cast<float>(zl);
   a.tokens.argmax[tok] = st.best_j;
   if (!a.want_grad) return;
-  double c = ignored ? 0.0 : s.scale;
-  if (!ignored && L.per_token && a.grad_loss != nullptr) c = a.grad_loss[tok];
-  if (c == 0.0) {
+  /* c scales the cross-entropy part, cz the z-loss part */
+  double c = ignored ? 0.0 : s.scale, cz = ignored ? 0.0 : s.z_scale;
+  if (!ignored && L.per_token && a.grad_loss != nullptr) c = cz = a.grad_loss[tok];
+  if (c == 0.0 && (cz == 0.0 || L.z_scale == 0.0f)) {
     std::fill(z, z + v, 0.0f);
     return;
   }
   const double big_a =
-      (1.0 - L.smoothing) * wy + L.eps * s.weight_sum + 2.0 * L.z_scale * lse;
-  const RowGrad gr{static_cast<float>(lse), static_cast<float>(c * big_a),
+      c * ((1.0 - L.smoothing) * wy + L.eps * s.weight_sum) + cz * 2.0 * L.z_scale * lse;
+  const RowGrad gr{static_cast<float>(lse), static_cast<float>(big_a),
                    static_cast<float>(c * L.eps),
                    static_cast<float>(c * (1.0 - L.smoothing) * wy)};
   for (int64_t j0 = 0; j0 < v; j0 += kBlock) {
@@ -348,9 +359,11 @@ void cpu_rows(Context &, const FlceRowPass &a) {
   s.weight_sum = t.weight_sum;
   const double upstream =
       a.grad_loss != nullptr && !a.loss.per_token ? *a.grad_loss : 1.0;
+  const double count = static_cast<double>(t.valid);
   s.scale = !a.loss.mean          ? upstream
             : t.denominator > 0.0 ? upstream / t.denominator
                                   : 0.0;
+  s.z_scale = !a.loss.mean ? upstream : count > 0.0 ? upstream / count : 0.0;
   if (a.want_grad && a.phase != FlceRowPhase::records && a.grad_dtype != OSFTI_F32)
     raise(OSFT_STATUS_INTERNAL_ERROR, "flce CPU row pass: fp32 gradients only");
   /* Rows cost ~V each; a few per thread make spawning worth it. */
@@ -373,36 +386,53 @@ FlceTotals cpu_prepare(Context &, const FlcePrepare &a) {
     const int64_t y = target_of(a.targets, i);
     if (y == a.loss.ignore_index) continue;
     if (y < 0 || y >= a.loss.vocab_global) {
-      t.first_bad = i;
-      t.bad_value = y;
-      break;
+      if (t.first_bad < 0) {
+        t.first_bad = i;
+        t.bad_value = y;
+      }
+      continue; /* the totals stay those of the valid tokens */
     }
     t.valid++;
     const int64_t yl = y - a.loss.vocab_offset; /* in this rank's shard? */
     if (yl >= 0 && yl < a.loss.vocab) t.denominator += w != nullptr ? w[yl] : 1.0;
   }
   *a.totals = t;
+  if (a.record != nullptr && t.first_bad >= 0 && a.record[0] == 0) {
+    a.record[0] = a.call;
+    a.record[1] = t.first_bad;
+    a.record[2] = t.bad_value;
+  }
   return t;
 }
 
-/* A per-token fp32 output, or its reduction into one element. */
-void reduce_tokens(const FlceFinalize &a, const float *values, const Vec &out) {
-  auto *o = static_cast<float *>(out.data);
+/* The loss and z-loss outputs: per token (NONE), or reduced into one
+ * element each: SUM plain sums, MEAN the cross-entropy part (loss_i minus
+ * its z-loss) over D and the z-loss part over N, the tokens not ignored. */
+void reduce_losses(const FlceFinalize &a) {
   const int64_t n = a.targets.n;
+  auto *loss = static_cast<float *>(a.out_loss.data);
+  auto *z = static_cast<float *>(a.out_z.data);
   if (a.loss.per_token) {
-    std::copy(values, values + n, o);
+    if (loss != nullptr) std::copy(a.tokens.loss, a.tokens.loss + n, loss);
+    if (z != nullptr) std::copy(a.tokens.z, a.tokens.z + n, z);
     return;
   }
-  double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += values[i];
-  const double d = a.totals->denominator;
-  *o = static_cast<float>(!a.loss.mean ? sum : d > 0.0 ? sum / d : 0.0);
+  double sum_loss = 0.0, sum_z = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    sum_loss += a.tokens.loss[i];
+    sum_z += a.tokens.z[i];
+  }
+  const double d = a.totals->denominator, count = static_cast<double>(a.totals->valid);
+  const double ce_scale = !a.loss.mean ? 1.0 : d > 0.0 ? 1.0 / d : 0.0;
+  const double z_scale = !a.loss.mean ? 1.0 : count > 0.0 ? 1.0 / count : 0.0;
+  if (loss != nullptr)
+    *loss = static_cast<float>((sum_loss - sum_z) * ce_scale + sum_z * z_scale);
+  if (z != nullptr) *z = static_cast<float>(sum_z * z_scale);
 }
 
 void cpu_finalize(Context &, const FlceFinalize &a) {
   const int64_t n = a.targets.n;
-  if (a.out_loss.data != nullptr) reduce_tokens(a, a.tokens.loss, a.out_loss);
-  if (a.out_z.data != nullptr) reduce_tokens(a, a.tokens.z, a.out_z);
+  reduce_losses(a);
   if (a.out_token_loss.data != nullptr)
     std::copy(a.tokens.loss, a.tokens.loss + n,
               static_cast<float *>(a.out_token_loss.data));

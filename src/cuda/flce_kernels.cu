@@ -75,7 +75,8 @@ struct Min {
 template <class T>
 __global__ void __launch_bounds__(kSingleBlockThreads)
     prepare_kernel(const T *targets, int64_t n, const float *weights, int64_t vocab,
-                   int64_t offset, int64_t global, int64_t ignore, FlceTotals *out) {
+                   int64_t offset, int64_t global, int64_t ignore, FlceTotals *out,
+                   int64_t *record, int64_t call) {
   __shared__ double dshared[kMaxWarps];
   __shared__ long long lshared[kMaxWarps];
   double wsum = 0.0, denom = 0.0;
@@ -103,13 +104,19 @@ __global__ void __launch_bounds__(kSingleBlockThreads)
   out->valid = valid;
   out->first_bad = bad == LLONG_MAX ? -1 : bad;
   out->bad_value = bad == LLONG_MAX ? 0 : static_cast<int64_t>(targets[bad]);
+  /* device_target_check: the handle's sticky record keeps the first one */
+  if (record != nullptr && bad != LLONG_MAX && record[0] == 0) {
+    record[0] = call;
+    record[1] = bad;
+    record[2] = static_cast<int64_t>(targets[bad]);
+  }
 }
 
 /* ------------------------------------------------------------ row pass */
 
 struct RowParams {
   float *logits;
-  int64_t ld, vocab, first_token, offset;
+  int64_t ld, vocab, first_token, offset, global;
   FlceRowPhase phase;
   float *records;
   const float *gathered;
@@ -301,8 +308,10 @@ __global__ void __launch_bounds__(kMaxRowThreads) rows_kernel(RowParams p) {
   const int64_t y = target_at(p.targets, p.targets64, tok);
   const bool ignored = y == p.ignore;
   const int64_t yl = y - p.offset; /* the target's local column */
-  /* targets were checked; the range test only keeps a bad one harmless */
+  /* targets were checked, or are checked on the device (device_target_check):
+   * the range test keeps a bad one harmless, and its loss is NaN */
   const bool mine = !ignored && yl >= 0 && yl < p.vocab;
+  const bool bad = !ignored && (y < 0 || y >= p.global);
   float *z = p.logits + row * p.ld;
   float wy = mine ? class_weight(p, yl) : 0.0f;
   Stats st = Stats::empty();
@@ -334,25 +343,32 @@ __global__ void __launch_bounds__(kMaxRowThreads) rows_kernel(RowParams p) {
     const float zl = counted ? p.z_scale * lse * lse : 0.0f;
     const float ce = (1.0f - p.smoothing) * wy * (lse - target_logit) +
                      p.eps * static_cast<float>(lse * wsum - st.wz);
-    p.tok_loss[tok] = counted ? ce + zl : 0.0f;
+    p.tok_loss[tok] = bad ? __int_as_float(0x7fc00000) : counted ? ce + zl : 0.0f;
     p.tok_z[tok] = zl;
     p.tok_argmax[tok] = st.best_j;
   }
   if (!p.want_grad) return;
 
-  float scale = p.grad_loss != nullptr ? p.grad_loss[p.per_token ? tok : 0] : 1.0f;
+  /* scale: the cross-entropy part's gradient scale, zscale the z-loss
+   * part's: MEAN grad_loss / D and grad_loss / N (N the tokens not
+   * ignored), SUM and NONE grad_loss */
+  const float upstream =
+      p.grad_loss != nullptr ? p.grad_loss[p.per_token ? tok : 0] : 1.0f;
+  float scale = upstream, zscale = upstream;
   if (p.mean) {
     const double d = p.totals->denominator;
-    scale = d > 0.0 ? static_cast<float>(scale / d) : 0.0f;
+    const double count = static_cast<double>(p.totals->valid);
+    scale = d > 0.0 ? static_cast<float>(upstream / d) : 0.0f;
+    zscale = count > 0.0 ? static_cast<float>(upstream / count) : 0.0f;
   }
   GradCoef c;
   c.lse = lse;
-  c.ca = scale * ((1.0f - p.smoothing) * wy + p.eps * static_cast<float>(wsum) +
-                  2.0f * p.z_scale * lse);
+  c.ca = scale * ((1.0f - p.smoothing) * wy + p.eps * static_cast<float>(wsum)) +
+         zscale * 2.0f * p.z_scale * lse;
   c.ce = scale * p.eps;
   c.cy = scale * (1.0f - p.smoothing) * wy;
   c.y = mine ? yl : -1;
-  c.zero = !counted || scale == 0.0f;
+  c.zero = !counted || (scale == 0.0f && (zscale == 0.0f || p.z_scale == 0.0f));
   write_gradient<G>(p, c, z);
 }
 
@@ -400,12 +416,18 @@ __global__ void __launch_bounds__(kSingleBlockThreads) finalize_kernel(FinalPara
   correct = block_reduce(correct, Add{}, lshared);
   if (threadIdx.x != 0) return;
   const double d = p.totals->denominator;
-  if (!p.per_token) {
-    const double scale = !p.mean ? 1.0 : d > 0.0 ? 1.0 / d : 0.0;
-    if (p.loss != nullptr) *p.loss = static_cast<float>(loss * scale);
-    if (p.z != nullptr) *p.z = static_cast<float>(z * scale);
-  }
   const long long valid = p.totals->valid;
+  if (!p.per_token) {
+    /* MEAN: the cross-entropy part (loss_i minus its z-loss) over D, the
+     * z-loss part over the tokens not ignored; SUM: plain sums */
+    const double ce_scale = !p.mean ? 1.0 : d > 0.0 ? 1.0 / d : 0.0;
+    const double z_scale = !p.mean     ? 1.0
+                           : valid > 0 ? 1.0 / static_cast<double>(valid)
+                                       : 0.0;
+    if (p.loss != nullptr)
+      *p.loss = static_cast<float>((loss - z) * ce_scale + z * z_scale);
+    if (p.z != nullptr) *p.z = static_cast<float>(z * z_scale);
+  }
   if (p.accuracy != nullptr)
     *p.accuracy =
         valid > 0 ? static_cast<float>(static_cast<double>(correct) / valid) : 0.0f;
@@ -426,11 +448,13 @@ void launch_flce_prepare(cudaStream_t stream, const FlcePrepare &a) {
   if (a.targets.dtype == OSFTI_I64)
     prepare_kernel<int64_t><<<1, kSingleBlockThreads, 0, stream>>>(
         static_cast<const int64_t *>(a.targets.data), a.targets.n, w, a.loss.vocab,
-        a.loss.vocab_offset, a.loss.vocab_global, a.loss.ignore_index, a.totals);
+        a.loss.vocab_offset, a.loss.vocab_global, a.loss.ignore_index, a.totals,
+        a.record, a.call);
   else
     prepare_kernel<int32_t><<<1, kSingleBlockThreads, 0, stream>>>(
         static_cast<const int32_t *>(a.targets.data), a.targets.n, w, a.loss.vocab,
-        a.loss.vocab_offset, a.loss.vocab_global, a.loss.ignore_index, a.totals);
+        a.loss.vocab_offset, a.loss.vocab_global, a.loss.ignore_index, a.totals,
+        a.record, a.call);
   check_launch("flce prepare");
 }
 
@@ -442,6 +466,7 @@ void launch_flce_rows(cudaStream_t stream, const FlceRowPass &a) {
   p.vocab = a.loss.vocab;
   p.first_token = a.first_token;
   p.offset = a.loss.vocab_offset;
+  p.global = a.loss.vocab_global;
   p.phase = a.phase;
   p.records = a.records;
   p.gathered = a.gathered;

@@ -52,7 +52,8 @@ struct Accumulator {
 class Run {
  public:
   Run(Flce &f, const FlceCall &call, const FlcePlan &plan)
-      : ctx_(*f.ctx),
+      : f_(f),
+        ctx_(*f.ctx),
         be_(backend(ctx_)),
         k_(flce_kernels(ctx_)),
         call_(call),
@@ -88,9 +89,17 @@ class Run {
     a.targets = call_.targets;
     a.class_weight = call_.class_weight;
     a.totals = totals_;
+    /* device_target_check (one rank): the check stays on the device and in
+     * the handle's sticky record; nothing waits, nothing fails here. */
+    const bool on_device = f_.target_record != nullptr && comm_ == nullptr;
+    if (on_device) {
+      a.wait = false;
+      a.record = f_.target_record;
+      a.call = ++f_.calls;
+    }
     FlceTotals t = k_.prepare(ctx_, a);
     if (comm_ != nullptr) t = combine_totals(t);
-    if (t.first_bad >= 0)
+    if (!on_device && t.first_bad >= 0)
       raise(OSFT_STATUS_INDEX_OUT_OF_RANGE,
             "in->targets: token %lld has target %lld, outside [0, %lld) and not the "
             "ignore_index %lld",
@@ -122,6 +131,8 @@ class Run {
     comm_exchange_host(*comm_, &mine, sizeof mine, all.data());
     check_agreement(all);
     check_shards(all);
+    /* t.valid stays this rank's: it counts every token (targets are
+     * replicated), so it is already the global count */
     t.weight_sum = t.denominator = 0.0;
     for (const RankTotals &r : all) {
       t.weight_sum += r.weight_sum;
@@ -310,6 +321,7 @@ class Run {
     k_.finalize(ctx_, a);
   }
 
+  Flce &f_;
   Context &ctx_;
   const Backend &be_;
   const FlceKernels &k_;

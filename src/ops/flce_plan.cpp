@@ -140,8 +140,9 @@ void check_disjoint(const osft_flce_inputs_t &in, const osft_flce_outputs_t &out
 
 /* Any checked tensor as a flat vector of all its elements. */
 Vec flat(const DLTensor *t) {
-  return Vec{static_cast<char *>(t->data) + t->byte_offset, osfti_numel(t),
-             osfti_dtype_from_dl(t->dtype)};
+  /* NULL data (an empty tensor) stays NULL: no arithmetic on a null pointer. */
+  return Vec{t->data != nullptr ? static_cast<char *>(t->data) + t->byte_offset : nullptr,
+             osfti_numel(t), osfti_dtype_from_dl(t->dtype)};
 }
 
 Vec optional_vec(const DLTensor *t) {

@@ -86,10 +86,11 @@ static void compute_reference(const problem *p, osft_flce_reduction_t red, int u
                               reference *r) {
   memset(r, 0, sizeof *r);
   const double a = kSmoothing, eps = a / V, lam = kZScale, cap = kSoftcap;
-  double wsum = 0, denom = 0, chain[V];
+  double wsum = 0, denom = 0, count = 0, chain[V];
   for (int j = 0; j < V; ++j) wsum += p->cw[j];
   for (int i = 0; i < M; ++i)
     if (p->y[i] != IGNORE) denom += p->cw[p->y[i]];
+  for (int i = 0; i < M; ++i) count += p->y[i] != IGNORE;
   for (int i = 0; i < M; ++i) {
     double *z = r->logit + i * V, mx = -INFINITY;
     for (int j = 0; j < V; ++j) {
@@ -109,14 +110,17 @@ static void compute_reference(const problem *p, osft_flce_reduction_t red, int u
     const double lse = mx + log(se), wy = p->cw[p->y[i]];
     r->ztok[i] = lam * lse * lse;
     r->tok[i] = (1 - a) * wy * (lse - z[p->y[i]]) + eps * (lse * wsum - wz) + r->ztok[i];
-    double scale = upstream ? p->gl[i] : 1.0;
-    if (red != OSFT_FLCE_NONE)
+    /* MEAN: the cross-entropy part over denom, the z-loss part over count */
+    double scale = upstream ? p->gl[i] : 1.0, zscale = scale;
+    if (red != OSFT_FLCE_NONE) {
       scale = (upstream ? 0.7 : 1.0) * (red == OSFT_FLCE_MEAN ? 1.0 / denom : 1.0);
-    const double big_a = (1 - a) * wy + eps * wsum + 2 * lam * lse;
+      zscale = (upstream ? 0.7 : 1.0) * (red == OSFT_FLCE_MEAN ? 1.0 / count : 1.0);
+    }
+    const double big_a = scale * ((1 - a) * wy + eps * wsum) + zscale * 2 * lam * lse;
     for (int j = 0; j < V; ++j) {
-      double d = big_a * exp(z[j] - lse) - eps * p->cw[j];
-      if (j == p->y[i]) d -= (1 - a) * wy;
-      const double g = scale * d * chain[j];
+      double d = big_a * exp(z[j] - lse) - scale * eps * p->cw[j];
+      if (j == p->y[i]) d -= scale * (1 - a) * wy;
+      const double g = d * chain[j];
       r->db[j] += g;
       for (int k = 0; k < H; ++k) {
         r->dx[i * H + k] += g * p->w[j * H + k];
@@ -129,8 +133,8 @@ static void compute_reference(const problem *p, osft_flce_reduction_t red, int u
     r->z += r->ztok[i];
   }
   if (red == OSFT_FLCE_MEAN) {
-    r->loss /= denom;
-    r->z /= denom;
+    r->loss = (r->loss - r->z) / denom + r->z / count;
+    r->z /= count;
   }
 }
 
