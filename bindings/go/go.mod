@@ -1,0 +1,3 @@
+module libosftrt
+
+go 1.19

@@ -1,0 +1,880 @@
+package osftrt_test
+
+import (
+	"errors"
+	"math"
+	"math/rand"
+	"sync"
+	"testing"
+
+	"libosftrt/osftrt"
+)
+
+var rng = rand.New(rand.NewSource(20241125))
+
+// rnd: fresh random values in [-s, s], never zero.
+func rnd(n int, s float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		x := (rng.Float64()*2 - 1) * s
+		if math.Abs(x) < 1e-3*s {
+			x = 1e-3 * s
+		}
+		v[i] = float32(x)
+	}
+	return v
+}
+
+func nan32(n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(math.NaN())
+	}
+	return v
+}
+
+func f64(v []float32) []float64 {
+	o := make([]float64, len(v))
+	for i, x := range v {
+		o[i] = float64(x)
+	}
+	return o
+}
+
+// relErr = max |got - want| / max |want|.
+func relErr(got []float32, want []float64) float64 {
+	num, den := 0.0, 0.0
+	for i := range want {
+		num = math.Max(num, math.Abs(float64(got[i])-want[i]))
+		den = math.Max(den, math.Abs(want[i]))
+	}
+	if len(got) != len(want) || math.IsNaN(num) {
+		return math.Inf(1)
+	}
+	return num / math.Max(den, 1e-300)
+}
+
+// matmul: C (m x n) = A (m x k) * B (k x n), or with B given as n x k (bT).
+func matmul(a []float64, m, k int, b []float64, n int, bT bool) []float64 {
+	c := make([]float64, m*n)
+	for i := 0; i < m; i++ {
+		for j := 0; j < n; j++ {
+			s := 0.0
+			for p := 0; p < k; p++ {
+				if bT {
+					s += a[i*k+p] * b[j*k+p]
+				} else {
+					s += a[i*k+p] * b[p*n+j]
+				}
+			}
+			c[i*n+j] = s
+		}
+	}
+	return c
+}
+
+func transpose(a []float64, m, n int) []float64 {
+	t := make([]float64, m*n)
+	for i := 0; i < m; i++ {
+		for j := 0; j < n; j++ {
+			t[j*m+i] = a[i*n+j]
+		}
+	}
+	return t
+}
+
+func TestFLCEAgainstFloat64(t *testing.T) {
+	ctx := newCtx(t)
+	defer ctx.Close()
+	const M, H, V = 13, 24, 50
+	const a = 0.1 // label smoothing
+	x, w := rnd(M*H, 1), rnd(V*H, 1)
+	y := make([]int64, M)
+	for i := range y {
+		y[i] = int64(rng.Intn(V))
+	}
+	y[4] = -100 // ignored
+	opts := osftrt.DefaultFLCEOptions()
+	opts.LabelSmoothing = a
+	ce, err := osftrt.NewFLCE(ctx, &opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ce.Close()
+	loss, gx, gw := nan32(1), nan32(M*H), nan32(V*H)
+	if err := ce.Compute(osftrt.FLCEInputs{X: osftrt.MustWrap(x, M, H), Weight: osftrt.MustWrap(w, V, H),
+		Targets: osftrt.MustWrap(y, M)}, osftrt.FLCEOutputs{Loss: osftrt.MustWrap(loss, 1),
+		GradX: osftrt.MustWrap(gx, M, H), GradWeight: osftrt.MustWrap(gw, V, H)}); err != nil {
+		t.Fatal(err)
+	}
+	// float64 reference
+	X, W := f64(x), f64(w)
+	Z := matmul(X, M, H, W, V, true) // M x V
+	G := make([]float64, M*V)
+	total, D := 0.0, 0.0
+	for i := 0; i < M; i++ {
+		if y[i] == -100 {
+			continue
+		}
+		D++
+		z := Z[i*V : (i+1)*V]
+		mx := math.Inf(-1)
+		for _, v := range z {
+			mx = math.Max(mx, v)
+		}
+		s, sz := 0.0, 0.0
+		for _, v := range z {
+			s += math.Exp(v - mx)
+			sz += v
+		}
+		lse := mx + math.Log(s)
+		total += (1-a)*(lse-z[y[i]]) + a/V*(V*lse-sz)
+		for j := 0; j < V; j++ {
+			G[i*V+j] = math.Exp(z[j]-lse) - a/V
+			if int64(j) == y[i] {
+				G[i*V+j] -= 1 - a
+			}
+		}
+	}
+	for i := range G {
+		G[i] /= D
+	}
+	if e := math.Abs(float64(loss[0])-total/D) / (total / D); e > 1e-5 {
+		t.Errorf("loss %v, float64 %v (rel %g)", loss[0], total/D, e)
+	}
+	if e := relErr(gx, matmul(G, M, V, W, H, false)); e > 1e-4 {
+		t.Errorf("grad_x rel error %g", e)
+	}
+	if e := relErr(gw, matmul(transpose(G, M, V), V, M, X, H, false)); e > 1e-4 {
+		t.Errorf("grad_weight rel error %g", e)
+	}
+	plan, err := ce.Plan(osftrt.FLCEInputs{X: osftrt.MustWrap(x, M, H), Weight: osftrt.MustWrap(w, V, H),
+		Targets: osftrt.MustWrap(y, M)}, osftrt.FLCEOutputs{Loss: osftrt.MustWrap(loss, 1)})
+	if err != nil || plan.Tokens != M || plan.Chunks < 1 {
+		t.Fatalf("plan %+v %v", plan, err)
+	}
+}
+
+// Bad inputs give the right *Error and write nothing.
+func TestErrorsWriteNothing(t *testing.T) {
+	ctx := newCtx(t)
+	defer ctx.Close()
+	const M, H, V = 4, 8, 12
+	x, w := rnd(M*H, 1), rnd(V*H, 1)
+	ce, err := osftrt.NewFLCE(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ce.Close()
+	loss, gx := nan32(1), nan32(M*H)
+	run := func(in osftrt.FLCEInputs) error {
+		return ce.Compute(in, osftrt.FLCEOutputs{Loss: osftrt.MustWrap(loss, 1), GradX: osftrt.MustWrap(gx, M, H)})
+	}
+	cases := []struct {
+		name string
+		in   osftrt.FLCEInputs
+		want *osftrt.Error
+	}{
+		{"target out of range", osftrt.FLCEInputs{X: osftrt.MustWrap(x, M, H), Weight: osftrt.MustWrap(w, V, H),
+			Targets: osftrt.MustWrap([]int64{0, 1, V + 3, 2}, M)}, osftrt.ErrIndexOutOfRange},
+		{"shape", osftrt.FLCEInputs{X: osftrt.MustWrap(x, M, H), Weight: osftrt.MustWrap(w, V, H-1),
+			Targets: osftrt.MustWrap([]int64{0, 1, 2, 3}, M)}, osftrt.ErrShapeMismatch},
+		{"dtype", osftrt.FLCEInputs{X: osftrt.MustWrap(f64(x), M, H), Weight: osftrt.MustWrap(w, V, H),
+			Targets: osftrt.MustWrap([]int64{0, 1, 2, 3}, M)}, osftrt.ErrDTypeMismatch},
+		{"column-major layout", osftrt.FLCEInputs{X: mustStrided(x, []int64{M, H}, []int64{1, M}),
+			Weight: osftrt.MustWrap(w, V, H), Targets: osftrt.MustWrap([]int64{0, 1, 2, 3}, M)}, osftrt.ErrBadLayout},
+		{"missing weight", osftrt.FLCEInputs{X: osftrt.MustWrap(x, M, H),
+			Targets: osftrt.MustWrap([]int64{0, 1, 2, 3}, M)}, osftrt.ErrInvalidArgument},
+	}
+	for _, c := range cases {
+		copy(loss, nan32(1))
+		copy(gx, nan32(M*H))
+		err := run(c.in)
+		var e *osftrt.Error
+		if !errors.Is(err, c.want) || !errors.As(err, &e) || e.Message == "" || e.Op != "FLCE.Compute" {
+			t.Errorf("%s: got %v, want %v", c.name, err, c.want)
+			continue
+		}
+		for _, errs := range []error{osftrt.ErrInvalidArgument, osftrt.ErrShapeMismatch, osftrt.ErrIndexOutOfRange} {
+			if errs != c.want && errors.Is(err, errs) {
+				t.Errorf("%s: %v also matches %v", c.name, err, errs)
+			}
+		}
+		if !math.IsNaN(float64(loss[0])) {
+			t.Errorf("%s: loss written on failure", c.name)
+		}
+		for _, v := range gx {
+			if !math.IsNaN(float64(v)) {
+				t.Errorf("%s: grad_x written on failure", c.name)
+				break
+			}
+		}
+	}
+}
+
+func mustStrided(v []float32, shape, strides []int64) *osftrt.Tensor {
+	t, err := osftrt.WrapStrided(v, shape, strides)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+// newFactorLayer decomposes a random N x K weight, copies the six factors
+// into C memory and builds a layer over those caller-owned factors.
+func newFactorLayer(t testing.TB, ctx *osftrt.Context, N, K int64) (*osftrt.FLinear, osftrt.FLinearFactors) {
+	t.Helper()
+	w := rnd(int(N*K), 1)
+	src, err := osftrt.NewFLinear(ctx, osftrt.MustWrap(w, N, K), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	var f osftrt.FLinearFactors
+	dst := []**osftrt.CTensor{&f.UHigh, &f.SHigh, &f.VHigh, &f.ULow, &f.SLow, &f.VLow}
+	for i, which := range []osftrt.Factor{osftrt.FactorUHigh, osftrt.FactorSHigh, osftrt.FactorVHigh,
+		osftrt.FactorULow, osftrt.FactorSLow, osftrt.FactorVLow} {
+		v, shape, err := osftrt.ReadFactor[float32](src, which)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ct, err := osftrt.NewCTensor(osftrt.Float32, shape...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := osftrt.CopyFrom(ct, v); err != nil {
+			t.Fatal(err)
+		}
+		*dst[i] = ct
+	}
+	layer, err := osftrt.NewFLinearFromFactors(ctx, f, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return layer, f
+}
+
+func TestFLinearAndProjection(t *testing.T) {
+	ctx := newCtx(t)
+	defer ctx.Close()
+	const N, K, M = 12, 16, 9
+	w := rnd(N*K, 1)
+	layer, err := osftrt.NewFLinear(ctx, osftrt.MustWrap(w, N, K), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, k, r, l, err := layer.Dims()
+	if err != nil || n != N || k != K || r+l != N {
+		t.Fatalf("dims %d %d %d %d %v", n, k, r, l, err)
+	}
+	x := rnd(M*K, 1)
+	y := nan32(M * N)
+	if err := layer.Forward(osftrt.MustWrap(x, M, K), nil, osftrt.MustWrap(y, M, N)); err != nil {
+		t.Fatal(err)
+	}
+	X, W := f64(x), f64(w)
+	if e := relErr(y, matmul(X, M, K, W, N, true)); e > 1e-4 {
+		t.Errorf("forward rel error %g", e)
+	}
+	gy := rnd(M*N, 1)
+	read := func(which osftrt.Factor) []float64 {
+		v, _, err := osftrt.ReadFactor[float32](layer, which)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f64(v)
+	}
+	Uh, Ul, Sl, Vl := read(osftrt.FactorUHigh), read(osftrt.FactorULow), read(osftrt.FactorSLow), read(osftrt.FactorVLow)
+	R, L := int(r), int(l)
+	// gradient outputs the projector keeps: C memory
+	gU, _ := osftrt.NewCTensor(osftrt.Float32, N, l)
+	gV, _ := osftrt.NewCTensor(osftrt.Float32, l, K)
+	gS := nan32(L)
+	gx := nan32(M * K)
+	copy(gU.Float32s(), nan32(N*L))
+	copy(gV.Float32s(), nan32(L*K))
+	if err := layer.Backward(osftrt.MustWrap(x, M, K), osftrt.MustWrap(gy, M, N), osftrt.FLinearGrads{
+		GradX: osftrt.MustWrap(gx, M, K), GradULow: gU, GradSLow: osftrt.MustWrap(gS, l), GradVLow: gV}); err != nil {
+		t.Fatal(err)
+	}
+	GY := f64(gy)
+	G := matmul(transpose(GY, M, N), N, M, X, K, false) // N x K = g^T x
+	if e := relErr(gx, matmul(GY, M, N, W, K, false)); e > 1e-4 {
+		t.Errorf("grad_x rel error %g", e)
+	}
+	GV := matmul(G, N, K, Vl, L, true) // N x l = G V_low^T
+	dU := make([]float64, N*L)
+	for i := 0; i < N; i++ {
+		for j := 0; j < L; j++ {
+			dU[i*L+j] = GV[i*L+j] * Sl[j]
+		}
+	}
+	UG := matmul(transpose(Ul, N, L), L, N, G, K, false) // l x K
+	dV := make([]float64, L*K)
+	dS := make([]float64, L)
+	for i := 0; i < L; i++ {
+		for j := 0; j < K; j++ {
+			dV[i*K+j] = Sl[i] * UG[i*K+j]
+			dS[i] += UG[i*K+j] * Vl[i*K+j]
+		}
+	}
+	if e := relErr(gU.Float32s(), dU); e > 1e-4 {
+		t.Errorf("grad_u_low rel error %g", e)
+	}
+	if e := relErr(gS, dS); e > 1e-4 {
+		t.Errorf("grad_s_low rel error %g", e)
+	}
+	if e := relErr(gV.Float32s(), dV); e > 1e-4 {
+		t.Errorf("grad_v_low rel error %g", e)
+	}
+	// projection: dU <- dU - Uh (Uh^T dU)
+	p, err := osftrt.NewProjector(ctx, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.AddLayer(layer, gU, gV); err != nil {
+		t.Fatal(err)
+	}
+	if err := layer.Close(); !errors.Is(err, osftrt.ErrInvalidArgument) {
+		t.Fatalf("closing a layer a projector uses: %v", err)
+	}
+	if err := p.Project(); err != nil {
+		t.Fatal(err)
+	}
+	C := matmul(transpose(Uh, N, R), R, N, dU, L, false)
+	P := matmul(Uh, N, R, C, L, false)
+	for i := range dU {
+		dU[i] -= P[i]
+	}
+	if e := relErr(gU.Float32s(), dU); e > 1e-4 {
+		t.Errorf("projected grad_u_low rel error %g", e)
+	}
+	res := matmul(transpose(Uh, N, R), R, N, f64(gU.Float32s()), L, false)
+	for _, v := range res {
+		if math.Abs(v) > 1e-5 {
+			t.Fatalf("U_high^T dU_low = %g after projection", v)
+		}
+	}
+	if u, v, err := p.Orthogonality(); err != nil || u > 1e-5 || v > 1e-5 {
+		t.Fatalf("orthogonality %g %g %v", u, v, err)
+	}
+	if info, err := p.Info(); err != nil || info.Targets != 1 {
+		t.Fatalf("info %+v %v", info, err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := layer.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func silu(z float64) float64 { return z / (1 + math.Exp(-z)) }
+
+func TestTiledMLPAgainstUntiled(t *testing.T) {
+	ctx := newCtx(t)
+	defer ctx.Close()
+	const H, I, M = 16, 24, 11
+	mk := func(rows, cols int64) *osftrt.CTensor {
+		ct, err := osftrt.NewCTensor(osftrt.Float32, rows, cols)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copy(ct.Float32s(), rnd(int(rows*cols), 0.3))
+		return ct
+	}
+	gate, up, down := mk(I, H), mk(I, H), mk(H, I)
+	mlp, err := osftrt.NewMLP(ctx, osftrt.SwiGLU, H, I, osftrt.MLPWeights{
+		Gate: osftrt.Projection{Weight: gate}, Up: osftrt.Projection{Weight: up}, Down: osftrt.Projection{Weight: down}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mlp.Close()
+	if err := gate.Free(); !errors.Is(err, osftrt.ErrInvalidArgument) {
+		t.Fatalf("freeing a weight the MLP keeps: %v", err)
+	}
+	x := rnd(M*H, 1)
+	y3, y1 := nan32(M*H), nan32(M*H)
+	if err := mlp.Forward(osftrt.MustWrap(x, M, H), osftrt.MustWrap(y3, M, H), 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := mlp.Forward(osftrt.MustWrap(x, M, H), osftrt.MustWrap(y1, M, H), 1); err != nil {
+		t.Fatal(err)
+	}
+	X := f64(x)
+	A := matmul(X, M, H, f64(gate.Float32s()), I, true)
+	B := matmul(X, M, H, f64(up.Float32s()), I, true)
+	h := make([]float64, M*I)
+	for i := range h {
+		h[i] = silu(A[i]) * B[i]
+	}
+	Y := matmul(h, M, I, f64(down.Float32s()), H, true)
+	if e := relErr(y3, Y); e > 1e-4 {
+		t.Errorf("tiled forward vs float64: %g", e)
+	}
+	if e := relErr(y3, f64(y1)); e > 1e-5 {
+		t.Errorf("tiled vs untiled forward: %g", e)
+	}
+	gy := rnd(M*H, 1)
+	gd3, gd1, gx3, gx1 := nan32(H*I), nan32(H*I), nan32(M*H), nan32(M*H)
+	for _, c := range []struct {
+		tiles  int64
+		gd, gx []float32
+	}{{3, gd3, gx3}, {1, gd1, gx1}} {
+		if err := mlp.Backward(osftrt.MustWrap(x, M, H), osftrt.MustWrap(gy, M, H), osftrt.MLPGrads{
+			GradX: osftrt.MustWrap(c.gx, M, H), GradDown: osftrt.MustWrap(c.gd, H, I)}, c.tiles); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e := relErr(gd3, matmul(transpose(f64(gy), M, H), H, M, h, I, false)); e > 1e-4 {
+		t.Errorf("grad_down vs float64: %g", e)
+	}
+	if e := relErr(gd3, f64(gd1)); e > 1e-5 {
+		t.Errorf("tiled vs untiled grad_down: %g", e)
+	}
+	if e := relErr(gx3, f64(gx1)); e > 1e-5 {
+		t.Errorf("tiled vs untiled grad_x: %g", e)
+	}
+	if n, tt, err := mlp.TileCount(100); err != nil || n < 1 || tt < 1 {
+		t.Fatalf("tile count %d %d %v", n, tt, err)
+	}
+}
+
+func TestBatchedQR(t *testing.T) {
+	ctx := newCtx(t)
+	defer ctx.Close()
+	shapes := [][2]int{{9, 4}, {6, 6}, {20, 3}}
+	var a, q, r []osftrt.Arg
+	var as, qs, rs [][]float64
+	for _, s := range shapes {
+		m, n := s[0], s[1]
+		av := f64(rnd(m*n, 1))
+		qv, rv := make([]float64, m*n), make([]float64, n*n)
+		for i := range qv {
+			qv[i] = math.NaN()
+		}
+		for i := range rv {
+			rv[i] = math.NaN()
+		}
+		as, qs, rs = append(as, av), append(qs, qv), append(rs, rv)
+		a = append(a, osftrt.MustWrap(av, int64(m), int64(n)))
+		q = append(q, osftrt.MustWrap(qv, int64(m), int64(n)))
+		r = append(r, osftrt.MustWrap(rv, int64(n), int64(n)))
+	}
+	// one fp32 matrix in C memory, factored in place
+	cm, _ := osftrt.NewCTensor(osftrt.Float32, 7, 5)
+	copy(cm.Float32s(), rnd(35, 1))
+	orig := f64(cm.Float32s())
+	a, q, r = append(a, cm), append(q, nil), append(r, nil)
+	st, err := osftrt.QRBatch(ctx, nil, a, q, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range st {
+		if s != osftrt.StatusSuccess {
+			t.Fatalf("matrix %d: %v", i, s)
+		}
+	}
+	for k, s := range shapes {
+		m, n := s[0], s[1]
+		Q, R, A := qs[k], rs[k], as[k]
+		QtQ := matmul(transpose(Q, m, n), n, m, Q, n, false)
+		QR := matmul(Q, m, n, R, n, false)
+		for i := 0; i < n; i++ {
+			for j := 0; j < n; j++ {
+				d := QtQ[i*n+j]
+				if i == j {
+					d--
+				}
+				if math.Abs(d) > 1e-12 {
+					t.Errorf("matrix %d: Q^T Q - I = %g", k, d)
+				}
+				if i > j && R[i*n+j] != 0 || i == j && R[i*n+j] < 0 {
+					t.Errorf("matrix %d: R[%d,%d] = %g", k, i, j, R[i*n+j])
+				}
+			}
+		}
+		for i := range A {
+			if math.Abs(QR[i]-A[i]) > 1e-12 {
+				t.Errorf("matrix %d: |QR - A| = %g", k, math.Abs(QR[i]-A[i]))
+				break
+			}
+		}
+	}
+	Q := f64(cm.Float32s())
+	QtQ := matmul(transpose(Q, 7, 5), 5, 7, Q, 5, false)
+	for i := 0; i < 5; i++ {
+		if math.Abs(QtQ[i*5+i]-1) > 1e-5 {
+			t.Errorf("fp32 in place: Q^T Q diagonal %g", QtQ[i*5+i])
+		}
+	}
+	if math.Abs(Q[0]-orig[0]) == 0 {
+		t.Errorf("in-place matrix unchanged")
+	}
+	// a rank-deficient matrix fails alone
+	bad := make([]float64, 12)
+	good := f64(rnd(12, 1))
+	st, err = osftrt.QRBatch(ctx, nil, []osftrt.Arg{osftrt.MustWrap(bad, 4, 3), osftrt.MustWrap(good, 4, 3)}, nil, nil)
+	if !errors.Is(err, osftrt.ErrNumericalError) || st[0] != osftrt.StatusNumericalError || st[1] != osftrt.StatusSuccess {
+		t.Fatalf("rank-deficient: %v %v", st, err)
+	}
+	// power iteration
+	sq := f64(rnd(16, 1))
+	qv := f64(rnd(8, 1))
+	if _, err := osftrt.QRPowerIteration(ctx, nil, []osftrt.Arg{osftrt.MustWrap(sq, 4, 4)},
+		[]osftrt.Arg{osftrt.MustWrap(qv, 4, 2)}, 3); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Calls on one context from many goroutines are serialized by the binding.
+func TestConcurrentCallsOnOneContext(t *testing.T) {
+	ctx := newCtx(t)
+	defer ctx.Close()
+	const M, H, V = 8, 16, 32
+	x, w := rnd(M*H, 1), rnd(V*H, 1)
+	y := make([]int32, M)
+	for i := range y {
+		y[i] = int32(rng.Intn(V))
+	}
+	ce, err := osftrt.NewFLCE(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ce.Close()
+	ref := make([]float32, 1)
+	in := osftrt.FLCEInputs{X: osftrt.MustWrap(x, M, H), Weight: osftrt.MustWrap(w, V, H), Targets: osftrt.MustWrap(y, M)}
+	if err := ce.Compute(in, osftrt.FLCEOutputs{Loss: osftrt.MustWrap(ref, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 20; i++ {
+				l := make([]float32, 1)
+				if err := ce.Compute(in, osftrt.FLCEOutputs{Loss: osftrt.MustWrap(l, 1)}); err != nil {
+					errs <- err
+					return
+				}
+				if l[0] != ref[0] {
+					errs <- errors.New("different loss")
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// Merge, strategies, WriteFactor, Redecompose against the dense weight.
+func TestFLinearMergeStrategiesFactors(t *testing.T) {
+	ctx := newCtx(t)
+	defer ctx.Close()
+	const N, K, M = 10, 14, 5
+	w := rnd(N*K, 1)
+	layer, err := osftrt.NewFLinear(ctx, osftrt.MustWrap(w, N, K), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer layer.Close()
+	merged := nan32(N * K)
+	if err := layer.Merge(osftrt.MustWrap(merged, N, K)); err != nil {
+		t.Fatal(err)
+	}
+	if e := relErr(merged, f64(w)); e > 1e-5 {
+		t.Errorf("merge vs the decomposed weight: %g", e)
+	}
+	x := rnd(M*K, 1)
+	ys := map[osftrt.Strategy][]float32{}
+	for _, s := range []osftrt.Strategy{osftrt.StrategyFactorized, osftrt.StrategyDense} {
+		if err := layer.SetStrategy(s); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := layer.ChooseStrategy(M, osftrt.PassForward); err != nil || got != s {
+			t.Fatalf("ChooseStrategy after SetStrategy(%v): %v %v", s, got, err)
+		}
+		ys[s] = nan32(M * N)
+		if err := layer.Forward(osftrt.MustWrap(x, M, K), nil, osftrt.MustWrap(ys[s], M, N)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e := relErr(ys[osftrt.StrategyDense], f64(ys[osftrt.StrategyFactorized])); e > 1e-5 {
+		t.Errorf("dense vs factorized forward: %g", e)
+	}
+	if err := layer.SetStrategy(osftrt.Strategy(42)); !errors.Is(err, osftrt.ErrInvalidArgument) {
+		t.Fatalf("unknown strategy: %v", err)
+	}
+	// doubling S_low changes W by U_low S_low V_low
+	sl, shape, err := osftrt.ReadFactor[float32](layer, osftrt.FactorSLow)
+	if err != nil || len(shape) != 1 {
+		t.Fatal(err)
+	}
+	if s2, dt, err := layer.FactorShape(osftrt.FactorULow); err != nil || dt != osftrt.Float32 || s2[1] != shape[0] {
+		t.Fatalf("FactorShape %v %v %v", s2, dt, err)
+	}
+	ul, _, _ := osftrt.ReadFactor[float32](layer, osftrt.FactorULow)
+	vl, _, _ := osftrt.ReadFactor[float32](layer, osftrt.FactorVLow)
+	L := int(shape[0])
+	want := f64(merged)
+	for i := 0; i < N; i++ {
+		for j := 0; j < K; j++ {
+			for p := 0; p < L; p++ {
+				want[i*K+j] += float64(ul[i*L+p]) * float64(sl[p]) * float64(vl[p*K+j])
+			}
+		}
+	}
+	for i := range sl {
+		sl[i] *= 2
+	}
+	if err := osftrt.WriteFactor(layer, osftrt.FactorSLow, sl); err != nil {
+		t.Fatal(err)
+	}
+	if err := osftrt.WriteFactor(layer, osftrt.FactorSLow, sl[:1]); !errors.Is(err, osftrt.ErrInvalidArgument) {
+		t.Fatalf("short WriteFactor: %v", err)
+	}
+	if _, _, err := osftrt.ReadFactor[float64](layer, osftrt.FactorSLow); !errors.Is(err, osftrt.ErrDTypeMismatch) {
+		t.Fatalf("ReadFactor of the wrong type: %v", err)
+	}
+	m2 := nan32(N * K)
+	if err := layer.Merge(osftrt.MustWrap(m2, N, K)); err != nil {
+		t.Fatal(err)
+	}
+	if e := relErr(m2, want); e > 1e-5 {
+		t.Errorf("merge after WriteFactor: %g", e)
+	}
+	if err := layer.Refresh(); err != nil {
+		t.Fatal(err)
+	}
+	// re-decomposing the current weight keeps it
+	if err := layer.Redecompose(nil); err != nil {
+		t.Fatal(err)
+	}
+	m3 := nan32(N * K)
+	if err := layer.Merge(osftrt.MustWrap(m3, N, K)); err != nil {
+		t.Fatal(err)
+	}
+	if e := relErr(m3, f64(m2)); e > 1e-5 {
+		t.Errorf("merge after Redecompose: %g", e)
+	}
+}
+
+// An MLP whose up projection is an OSFT layer: the forward equals the dense
+// MLP over the layer's merged weight, factor gradients agree between 1 and
+// 3 tiles.
+func TestMLPWithLayerProjection(t *testing.T) {
+	ctx := newCtx(t)
+	defer ctx.Close()
+	const H, I, M = 12, 20, 9
+	layer, err := osftrt.NewFLinear(ctx, osftrt.MustWrap(rnd(I*H, 0.3), I, H), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	down, _ := osftrt.NewCTensor(osftrt.Float32, H, I)
+	copy(down.Float32s(), rnd(H*I, 0.3))
+	mlp, err := osftrt.NewMLP(ctx, osftrt.GELUTanh, H, I, osftrt.MLPWeights{
+		Up: osftrt.Projection{Layer: layer}, Down: osftrt.Projection{Weight: down}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := layer.Close(); !errors.Is(err, osftrt.ErrInvalidArgument) {
+		t.Fatalf("closing a layer an MLP uses: %v", err)
+	}
+	upW, _ := osftrt.NewCTensor(osftrt.Float32, I, H)
+	if err := layer.Merge(upW); err != nil {
+		t.Fatal(err)
+	}
+	dense, err := osftrt.NewMLP(ctx, osftrt.GELUTanh, H, I, osftrt.MLPWeights{
+		Up: osftrt.Projection{Weight: upW}, Down: osftrt.Projection{Weight: down}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := rnd(M*H, 1)
+	y, yd := nan32(M*H), nan32(M*H)
+	if err := mlp.Forward(osftrt.MustWrap(x, M, H), osftrt.MustWrap(y, M, H), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := dense.Forward(osftrt.MustWrap(x, M, H), osftrt.MustWrap(yd, M, H), 0); err != nil {
+		t.Fatal(err)
+	}
+	if e := relErr(y, f64(yd)); e > 1e-5 {
+		t.Errorf("layer MLP vs dense MLP: %g", e)
+	}
+	_, _, _, l, _ := layer.Dims()
+	gy := rnd(M*H, 1)
+	var us, ss, vs [2][]float32
+	for k, tiles := range []int64{1, 3} {
+		us[k], ss[k], vs[k] = nan32(int(I*l)), nan32(int(l)), nan32(int(l*H))
+		if err := mlp.Backward(osftrt.MustWrap(x, M, H), osftrt.MustWrap(gy, M, H), osftrt.MLPGrads{
+			UpFactors: &osftrt.FactorGrads{GradULow: osftrt.MustWrap(us[k], I, l), GradSLow: osftrt.MustWrap(ss[k], l),
+				GradVLow: osftrt.MustWrap(vs[k], l, H)}}, tiles); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		a, b []float32
+	}{{"grad_u_low", us[1], us[0]}, {"grad_s_low", ss[1], ss[0]}, {"grad_v_low", vs[1], vs[0]}} {
+		if e := relErr(c.a, f64(c.b)); e > 1e-5 {
+			t.Errorf("%s: 3 tiles vs 1: %g", c.name, e)
+		}
+	}
+	for _, h := range []interface{ Close() error }{mlp, dense, layer} {
+		if err := h.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A projector over explicit targets (caller-owned factors in C memory).
+func TestProjectorTargets(t *testing.T) {
+	ctx := newCtx(t)
+	defer ctx.Close()
+	const N, K = 10, 12
+	layer, f := newFactorLayer(t, ctx, N, K)
+	defer layer.Close()
+	_, _, r, l, _ := layer.Dims()
+	comm, err := osftrt.NewSelfComm(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := osftrt.NewProjector(ctx, comm, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := comm.Close(); !errors.Is(err, osftrt.ErrInvalidArgument) {
+		t.Fatalf("closing a communicator a projector uses: %v", err)
+	}
+	gU, _ := osftrt.NewCTensor(osftrt.Float32, N, l)
+	gV, _ := osftrt.NewCTensor(osftrt.Float32, l, K)
+	copy(gU.Float32s(), rnd(int(N*l), 1))
+	copy(gV.Float32s(), rnd(int(l*K), 1))
+	idx, err := p.AddTarget(osftrt.ProjectionTarget{UHigh: f.UHigh, GradULow: gU, ULow: f.ULow,
+		VHigh: f.VHigh, GradVLow: gV, VLow: f.VLow})
+	if err != nil || idx != 0 {
+		t.Fatalf("AddTarget %d %v", idx, err)
+	}
+	if err := p.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Project(); err != nil {
+		t.Fatal(err)
+	}
+	R, L := int(r), int(l)
+	uh, vh := f64(f.UHigh.Float32s()), f64(f.VHigh.Float32s())
+	cu := matmul(transpose(uh, N, R), R, N, f64(gU.Float32s()), L, false) // r x l
+	cv := matmul(f64(gV.Float32s()), L, K, vh, R, true)                   // l x r
+	for _, v := range append(cu, cv...) {
+		if math.Abs(v) > 1e-5 {
+			t.Fatalf("projected gradient not orthogonal: %g", v)
+		}
+	}
+	// move U_low off the subspace, then project the parameters back
+	ul := f.ULow.Float32s()
+	for i := range ul {
+		ul[i] += 0.01 * float32(uh[i%len(uh)])
+	}
+	if u, _, err := p.Orthogonality(); err != nil || u < 1e-4 {
+		t.Fatalf("orthogonality after the perturbation: %g %v", u, err)
+	}
+	if err := p.ProjectParams(); err != nil {
+		t.Fatal(err)
+	}
+	if u, v, err := p.Orthogonality(); err != nil || u > 1e-5 || v > 1e-5 {
+		t.Fatalf("orthogonality after ProjectParams: %g %g %v", u, v, err)
+	}
+	g2, _ := osftrt.NewCTensor(osftrt.Float32, N, l)
+	if err := p.SetGrads(idx, g2, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.SetGrads(5, g2, nil); !errors.Is(err, osftrt.ErrInvalidArgument) {
+		t.Fatalf("SetGrads of a missing target: %v", err)
+	}
+	if err := p.Invalidate(); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := p.Info(); err != nil || info.Targets != 1 || info.CollectivesPerProject != 0 {
+		t.Fatalf("info %+v %v", info, err)
+	}
+	if err := gU.Free(); !errors.Is(err, osftrt.ErrInvalidArgument) {
+		t.Fatalf("Free of a registered gradient: %v", err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := gU.Free(); err != nil {
+		t.Fatal(err)
+	}
+	if err := comm.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// With DeviceTargetCheck a bad target gives a NaN loss, and CheckTargets
+// reports it once.
+func TestFLCEDeviceTargetCheck(t *testing.T) {
+	ctx := newCtx(t)
+	defer ctx.Close()
+	const M, H, V = 4, 8, 12
+	x, w := rnd(M*H, 1), rnd(V*H, 1)
+	opts := osftrt.DefaultFLCEOptions()
+	if opts.DeviceTargetCheck {
+		t.Fatal("DeviceTargetCheck on by default")
+	}
+	opts.DeviceTargetCheck = true
+	ce, err := osftrt.NewFLCE(ctx, &opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ce.Close()
+	if o, err := ce.Options(); err != nil || !o.DeviceTargetCheck {
+		t.Fatalf("Options %+v %v", o, err)
+	}
+	loss := nan32(1)
+	run := func(y []int64) error {
+		return ce.Compute(osftrt.FLCEInputs{X: osftrt.MustWrap(x, M, H), Weight: osftrt.MustWrap(w, V, H),
+			Targets: osftrt.MustWrap(y, M)}, osftrt.FLCEOutputs{Loss: osftrt.MustWrap(loss, 1)})
+	}
+	if err := run([]int64{0, 1, 2, 3}); err != nil || math.IsNaN(float64(loss[0])) {
+		t.Fatalf("good targets: %v %v", loss[0], err)
+	}
+	if err := ce.CheckTargets(); err != nil {
+		t.Fatalf("CheckTargets after good targets: %v", err)
+	}
+	if err := run([]int64{0, 1, V + 2, 3}); err != nil || !math.IsNaN(float64(loss[0])) {
+		t.Fatalf("bad target with the device check: loss %v, %v", loss[0], err)
+	}
+	if err := ce.CheckTargets(); !errors.Is(err, osftrt.ErrIndexOutOfRange) {
+		t.Fatalf("CheckTargets after a bad target: %v", err)
+	}
+	if err := ce.CheckTargets(); err != nil {
+		t.Fatalf("the record was not cleared: %v", err)
+	}
+}
+
+// An empty batch (no tokens) through Go slices: the mean is defined as 0.
+func TestFLCEEmptyBatch(t *testing.T) {
+	ctx := newCtx(t)
+	defer ctx.Close()
+	const H, V = 8, 12
+	ce, err := osftrt.NewFLCE(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ce.Close()
+	loss := nan32(1)
+	if err := ce.Compute(osftrt.FLCEInputs{X: osftrt.MustWrap([]float32{}, 0, H),
+		Weight: osftrt.MustWrap(rnd(V*H, 1), V, H), Targets: osftrt.MustWrap([]int64{}, 0)},
+		osftrt.FLCEOutputs{Loss: osftrt.MustWrap(loss, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	if loss[0] != 0 {
+		t.Fatalf("loss of no tokens: %v", loss[0])
+	}
+}

@@ -1,0 +1,204 @@
+package osftrt
+
+import (
+	"unsafe"
+
+	"libosftrt/osftrt/internal/capi"
+)
+
+// QRMethod is how each matrix is factored (osft_qr_method_t).
+type QRMethod int
+
+// Methods.
+var (
+	QRHouseholder = QRMethod(capi.OSFT_QR_HOUSEHOLDER)
+	QRCholeskyQR2 = QRMethod(capi.OSFT_QR_CHOLESKY_QR2)
+)
+
+// QROptions (osft_qr_options_t); every default is 0: Householder, default
+// thresholds, default concurrency.
+type QROptions struct {
+	Method                 QRMethod
+	OrthogonalityThreshold float64
+	RankTolerance          float64
+	MaxConcurrency         int
+}
+
+// DefaultQROptions returns the defaults of osft_qr_options_init.
+func DefaultQROptions() QROptions {
+	o := capi.NewOsft_qr_options_t()
+	defer capi.DeleteOsft_qr_options_t(o)
+	return QROptions{Method: QRMethod(o.GetMethod()), OrthogonalityThreshold: o.GetOrthogonality_threshold(),
+		RankTolerance: o.GetRank_tolerance(), MaxConcurrency: o.GetMax_concurrency()}
+}
+
+func qrOptionsToC(opts *QROptions) capi.Osft_qr_options_t {
+	co := capi.NewOsft_qr_options_t()
+	if opts != nil {
+		co.SetMethod(capi.Enum_SS_osft_qr_method_e(opts.Method))
+		co.SetOrthogonality_threshold(opts.OrthogonalityThreshold)
+		co.SetRank_tolerance(opts.RankTolerance)
+		co.SetMax_concurrency(opts.MaxConcurrency)
+	}
+	return co
+}
+
+// staged is a Go-memory tensor copied into C memory for a QR list.
+type staged struct {
+	t    *Tensor
+	addr uintptr
+	n    int64 // bytes
+}
+
+func (s *staged) in() {
+	if s.n > 0 {
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(s.addr)), s.n), unsafe.Slice((*byte)(s.t.ptr), s.n))
+	}
+}
+
+func (s *staged) back() {
+	if s.n > 0 {
+		copy(unsafe.Slice((*byte)(s.t.ptr), s.n), unsafe.Slice((*byte)(unsafe.Pointer(s.addr)), s.n))
+	}
+}
+
+// qrList runs osft_qr_batch (power 0) or osft_qr_power_iteration. The list
+// entries are passed by descriptor; entries that are Go slices (*Tensor)
+// are copied into C memory for the call and their results copied back,
+// since a list of Go pointers cannot be handed to C (cgo forbids Go memory
+// that holds Go pointers). CTensors go through without a copy.
+func qrList(ctx *Context, op string, opts *QROptions, a, q, r []Arg, power int) ([]Status, error) {
+	n := len(a)
+	if q != nil && len(q) != n {
+		return nil, errArg(op, "%d Q entries for %d matrices", len(q), n)
+	}
+	if r != nil && len(r) != n {
+		return nil, errArg(op, "%d R entries for %d matrices", len(r), n)
+	}
+	co := qrOptionsToC(opts)
+	defer capi.DeleteOsft_qr_options_t(co)
+	c, err := ctx.lock(op)
+	if err != nil {
+		return nil, err
+	}
+	defer ctx.mu.Unlock()
+	descs := make([]cDesc, 3*n+1)
+	var stg []*staged
+	var outs []*staged
+	held := make([]*CTensor, 0, 3*n)
+	defer func() {
+		for _, ct := range held {
+			ct.unuse()
+		}
+	}()
+	fill := func(k int, x Arg, isOut bool) error {
+		x = argOf(x)
+		if x == nil {
+			return nil
+		}
+		if ct, ok := x.(*CTensor); ok { // held for the call: Free refuses meanwhile
+			if err := ct.use(); err != nil {
+				return errArg(op, "a CTensor used after Free")
+			}
+			held = append(held, ct)
+		}
+		if _, err := x.describe(&descs[k]); err != nil {
+			return err
+		}
+		if t, ok := x.(*Tensor); ok {
+			e, err := extent(t.shape, t.strides)
+			if err != nil {
+				return errArg(op, "%v", err)
+			}
+			s := &staged{t: t, n: e * int64(t.dtype.Size())}
+			stg = append(stg, s)
+			descs[k].present = 2
+			if isOut {
+				outs = append(outs, s)
+			}
+		}
+		return nil
+	}
+	for i := 0; i < n; i++ {
+		if a[i] == nil {
+			return nil, errArg(op, "a[%d] is nil", i)
+		}
+		inplace := q == nil || argOf(q[i]) == nil
+		if err := fill(3*i, a[i], inplace); err != nil {
+			return nil, err
+		}
+		if q != nil {
+			if err := fill(3*i+1, q[i], true); err != nil {
+				return nil, err
+			}
+		}
+		if r != nil {
+			if err := fill(3*i+2, r[i], true); err != nil {
+				return nil, err
+			}
+		}
+	}
+	// One C block (64-byte aligned pieces) for every Go-slice entry.
+	if len(stg) > 0 {
+		total := int64(0)
+		for _, s := range stg {
+			total += (s.n + 63) &^ 63
+		}
+		base := uintptr(capi.Osftgo_alloc(total))
+		if base == 0 {
+			return nil, &Error{Status: StatusOutOfMemory, Op: op, Message: "out of C memory for staging"}
+		}
+		defer capi.Osftgo_free(uint64(base))
+		off := uintptr(0)
+		for _, s := range stg {
+			s.addr = base + off
+			off += uintptr((s.n + 63) &^ 63)
+			s.in()
+		}
+		k := 0
+		for i := range descs {
+			if descs[i].present == 2 && descs[i].data == 0 {
+				descs[i].data = uint64(stg[k].addr)
+				k++
+			}
+		}
+	}
+	status := make([]uint32, n+1)
+	b := ctx.buf
+	b.reset()
+	st := capi.Osftgo_qr(uint64(c), uint64(co.Swigcptr()), int64(n), power, unsafe.Pointer(b),
+		unsafe.Pointer(&descs[0]), unsafe.Pointer(&status[0]))
+	var res []Status
+	if st == capi.OSFT_STATUS_SUCCESS || Status(st) == StatusNumericalError {
+		for _, s := range outs {
+			s.back()
+		}
+		res = make([]Status, n)
+		for i := range res {
+			res[i] = Status(status[i])
+		}
+	}
+	if st != capi.OSFT_STATUS_SUCCESS {
+		return res, &Error{Status: Status(st), Op: op, Message: b.message()}
+	}
+	return res, nil
+}
+
+// QRBatch factors every a[i] = Q_i R_i (m x n, m >= n; fp32 or fp64,
+// row-major). q nil writes each Q over its A (in place); r nil, or nil
+// entries, skip R. Returns the per-matrix statuses; on a per-matrix
+// failure the error matches ErrNumericalError and the others are written.
+func QRBatch(ctx *Context, opts *QROptions, a, q, r []Arg) ([]Status, error) {
+	return qrList(ctx, "QRBatch", opts, a, q, r, 0)
+}
+
+// QRPowerIteration runs Q_i <- qr(A_i Q_i) `iterations` times (q in place).
+func QRPowerIteration(ctx *Context, opts *QROptions, a, q []Arg, iterations int) ([]Status, error) {
+	if iterations < 1 {
+		return nil, errArg("QRPowerIteration", "iterations %d < 1", iterations)
+	}
+	if q == nil {
+		return nil, errArg("QRPowerIteration", "q is required")
+	}
+	return qrList(ctx, "QRPowerIteration", opts, a, q, nil, iterations)
+}
