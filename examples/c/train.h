@@ -1,0 +1,210 @@
+/*
+ * osftrt_train — shared declarations of the continual fine-tuning example.
+ *
+ *   train_data.c   the two tasks (text files), batches, a seeded RNG
+ *   train_model.c  the byte-level LM: embedding glue and RMSNorm in plain C,
+ *                  projections as dense weights (CBLAS) or libosftrt OSFT
+ *                  layers, tiled SwiGLU MLPs, fused linear cross-entropy
+ *   train_optim.c  AdamW and SOAP (eigenbases refreshed by batched osft_qr
+ *                  power iteration)
+ *   osftrt_train.c flags, the experiment, the table
+ *
+ * Everything runs on the CPU: the trainer's own tensors are host memory.
+ */
+#ifndef OSFTRT_TRAIN_H
+#define OSFTRT_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "osftrt/osftrt.h"
+
+/* Stops the program with a clear message when a libosftrt call fails. */
+#define CHECK(call) train_check((call), #call, __FILE__, __LINE__)
+void train_check(osft_status_t st, const char *what, const char *file, int line);
+/* Stops the program with a message (not a library error). */
+void train_fail(const char *fmt, ...);
+void *xcalloc(size_t count, size_t size);
+
+/* ------------------------------------------------------------- data */
+
+typedef struct {
+  uint64_t s;
+} rng_t;
+void rng_seed(rng_t *r, uint64_t seed);
+uint64_t rng_next(rng_t *r);
+double rng_uniform(rng_t *r); /* [0, 1) */
+double rng_normal(rng_t *r);
+
+typedef struct {
+  const char *name;
+  unsigned char *bytes;
+  int64_t size;
+  int64_t train_end; /* [0, train_end) trains, [train_end, size) evaluates */
+} corpus_t;
+void corpus_load(corpus_t *c, const char *name, const char *path);
+void corpus_free(corpus_t *c);
+
+/* One batch of `tokens` examples: the k context bytes of each (tokens x k)
+ * and its target byte. */
+typedef struct {
+  int64_t tokens, k;
+  unsigned char *context;
+  int64_t *targets;
+} batch_t;
+void batch_alloc(batch_t *b, int64_t tokens, int64_t k);
+void batch_free(batch_t *b);
+/* `sequences` windows of `seq` consecutive tokens at random places of the
+ * training part. */
+void batch_sample(batch_t *b, const corpus_t *c, rng_t *r, int64_t sequences,
+                  int64_t seq);
+/* Tokens [first, first + b->tokens) of the held-out part, consecutive. */
+void batch_eval(batch_t *b, const corpus_t *c, int64_t first);
+
+/* ------------------------------------------------------------ model */
+
+enum { MAX_BLOCKS = 8, VOCAB = 256 };
+
+typedef struct {
+  int64_t k;      /* context bytes */
+  int64_t e;      /* embedding width per byte */
+  int64_t h;      /* hidden width = k * e */
+  int64_t inter;  /* MLP intermediate width */
+  int64_t blocks; /* residual blocks */
+} dims_t;
+
+/* The dense weights (the checkpoint that pre-training produces and each
+ * fine-tuning starts from). */
+typedef struct {
+  float *emb;               /* VOCAB x e */
+  float *norm1[MAX_BLOCKS]; /* h */
+  float *mix[MAX_BLOCKS];   /* h x h: the block's projection */
+  float *norm2[MAX_BLOCKS]; /* h */
+  float *gate[MAX_BLOCKS];  /* inter x h */
+  float *up[MAX_BLOCKS];    /* inter x h */
+  float *down[MAX_BLOCKS];  /* h x inter */
+  float *normf;             /* h */
+  float *head;              /* VOCAB x h */
+} weights_t;
+void weights_alloc(weights_t *w, const dims_t *d);
+void weights_init(weights_t *w, const dims_t *d, rng_t *r);
+void weights_copy(weights_t *dst, const weights_t *src, const dims_t *d);
+void weights_free(weights_t *w, const dims_t *d);
+
+/* A DLTensor over host memory (2-D with a row stride, or 1-D). */
+typedef struct {
+  DLTensor t;
+  int64_t shape[2];
+  int64_t strides[2];
+} tview_t;
+void tview_mat(tview_t *v, float *data, int64_t rows, int64_t cols, int64_t ld);
+void tview_vec(tview_t *v, float *data, int64_t n);
+
+/* A trainable tensor: a rows x cols matrix (row stride ld) or a vector
+ * (rows = 1), its compact gradient and the optimizer's state. */
+typedef struct {
+  const char *name;
+  float *data;
+  int64_t rows, cols, ld;
+  float *grad;
+  int matrix; /* 2-D: SOAP preconditions it */
+  int decay;  /* AdamW weight decay applies */
+  /* optimizer state, allocated by the optimizer */
+  float *m, *v;
+  float *l, *r, *ql, *qr; /* SOAP: Kronecker factors and their eigenbases */
+} param_t;
+
+enum { MAX_PARAMS = 128 };
+
+/* One OSFT projection: the layer and its factor gradients. */
+typedef struct {
+  osft_flinear_t layer;
+  int64_t n, k, r, l;
+  float *du, *ds, *dv;         /* compact: n x l, l, l x k */
+  tview_t du_t, ds_t, dv_t;    /* their tensors */
+  osft_flinear_grads_t grads;  /* for the MLP and the layer's backward */
+  tview_t u_low, s_low, v_low; /* views of the trainable factors */
+  tview_t u_high, v_high, s_high /* frozen, for the head's gradient */;
+} osft_proj_t;
+
+typedef struct {
+  dims_t d;
+  int osft; /* 0: every weight dense and trainable; 1: OSFT fine-tuning */
+  osft_context_t ctx;
+  weights_t w; /* dense: trained; OSFT: embedding and norms (frozen) */
+  weights_t g; /* dense gradients (dense mode) */
+  /* OSFT mode */
+  osft_proj_t mix_p[MAX_BLOCKS], gate_p[MAX_BLOCKS], up_p[MAX_BLOCKS], down_p[MAX_BLOCKS],
+      head_p;
+  float *head_merged; /* VOCAB x h: the head merged for the loss */
+  float *head_grad;   /* VOCAB x h: its dense gradient */
+  float *head_tmp;    /* VOCAB x l scratch */
+  osft_comm_t comm;
+  osft_projector_t proj;
+  /* library handles */
+  osft_mlp_t mlp[MAX_BLOCKS];
+  osft_flce_t ce;
+  tview_t mlp_w[MAX_BLOCKS][3];
+  /* activations for up to max_tokens tokens */
+  int64_t max_tokens;
+  float *x[MAX_BLOCKS + 1], *a1[MAX_BLOCKS], *xm[MAX_BLOCKS], *a2[MAX_BLOCKS];
+  float *rstd1[MAX_BLOCKS], *rstd2[MAX_BLOCKS], *fin, *rstdf;
+  float *dx, *dxm, *dtmp, *dfin;
+  /* trainable tensors */
+  param_t params[MAX_PARAMS];
+  int nparams;
+} model_t;
+
+typedef struct {
+  double rank_ratio;  /* OSFT: frozen fraction of each projection's rank */
+  size_t tile_budget; /* MLP: bytes of one tile's intermediates */
+  size_t loss_budget; /* fused cross-entropy: scratch bytes */
+  int64_t max_tokens; /* the most tokens one call sees */
+} model_options_t;
+
+void model_create(model_t *m, osft_context_t ctx, const dims_t *d, const weights_t *from,
+                  int osft, const model_options_t *o);
+void model_destroy(model_t *m);
+/* Mean cross-entropy (nats per byte) of a batch; with `train` also every
+ * trainable gradient (OSFT: the factor gradients, not yet projected). */
+double model_step(model_t *m, const batch_t *b, int train);
+/* Mean loss over `tokens` held-out tokens, in batches of m->max_tokens. */
+double model_eval(model_t *m, const corpus_t *c, int64_t tokens);
+int64_t model_trainable(const model_t *m);
+
+/* -------------------------------------------------------- optimizer */
+
+typedef enum { OPT_ADAMW = 0, OPT_SOAP = 1 } opt_kind_t;
+
+typedef struct {
+  opt_kind_t kind;
+  double lr, beta1, beta2, eps, weight_decay;
+  double shampoo_beta; /* SOAP: EMA of the Kronecker factors */
+  int refresh_every;   /* SOAP: eigenbasis refresh period (steps) */
+  int init_iterations; /* SOAP: power iterations of the first basis */
+  int64_t max_precond; /* SOAP: larger sides are not rotated */
+  osft_context_t ctx;
+  param_t **params;
+  int nparams;
+  int64_t step;
+  double qr_seconds; /* time spent in osft_qr_power_iteration */
+  int64_t qr_calls, qr_matrices;
+  float *scratch[3]; /* the size of the largest tensor */
+} optimizer_t;
+
+void optimizer_init(optimizer_t *o, osft_context_t ctx, param_t *params, int nparams);
+/* One update with learning rate `lr` from the gradients in params[i].grad. */
+void optimizer_step(optimizer_t *o, double lr);
+void optimizer_free(optimizer_t *o);
+/* Bytes of optimizer state. */
+size_t optimizer_state_bytes(const optimizer_t *o);
+
+/* Dense GEMM of the trainer's own math (CBLAS, row-major):
+ * C = alpha op(A) op(B) + beta C. */
+void gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float *a, int64_t lda, const float *b, int64_t ldb, float beta, float *c,
+          int64_t ldc);
+
+double now_seconds(void);
+
+#endif /* OSFTRT_TRAIN_H */
