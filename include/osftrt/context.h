@@ -12,7 +12,49 @@
  *     between calls (osft_context_reserve_workspace pre-sizes it);
  *   - an allocator: built-in, or the caller's callbacks, which then serve
  *     every byte the library allocates for this context (host and device),
- *     so a framework's caching allocator can own all memory.
+ *     so a framework's caching allocator can own all memory (except what
+ *     the CUDA libraries allocate for themselves: see "Memory" below).
+ *
+ * @par Memory (CUDA)
+ * Without device callbacks, device memory is stream-ordered: blocks come
+ * from cudaMallocFromPoolAsync() on the context's stream and go back with
+ * cudaFreeAsync() on it, from a memory pool the library creates per device
+ * (not the device's default pool, which a framework may tune) with a
+ * release threshold of UINT64_MAX: freed blocks stay cached in the pool for
+ * the life of the process, so a free never waits for the device and a
+ * steady state asks the driver for nothing. With device callbacks, every
+ * device block of the context comes from device_alloc and goes back to
+ * device_free, each given the context's stream: the library frees a block
+ * as soon as its last use is enqueued, so the callbacks must be
+ * stream-ordered (as PyTorch's caching allocator is) or wait for the stream
+ * themselves. Scratch is kept in the context between calls (the workspace, a
+ * kernel scratch block, the tiled MLP's buffers when its projections are
+ * OSFT layers, a host block for bookkeeping), so after a first call, later
+ * calls with the same shapes allocate nothing, host or device, on either
+ * backend; only the workspace counts against workspace_limit (the others
+ * are one kernel's partial sums and staging, or the MLP's tile buffers).
+ *
+ * Memory the allocator does not see, and so neither the memory statistics
+ * nor workspace_limit: (1) what cuBLAS and cuSOLVER allocate inside the
+ * context's own handles (created on first use, destroyed with the context);
+ * (2) the batched QR's lanes (osftrt/qr.h), worker streams with their own
+ * cuBLAS and cuSOLVER handles that large matrices use: a process-wide pool
+ * per device, created on first need and kept for the life of the process
+ * (the lanes' cuBLAS workspace itself is taken from the call's scratch,
+ * 4 MiB per lane, which the allocator does see); (3) the memory pools
+ * above. After a caller's cudaDeviceReset() the lanes of the reset device
+ * are dropped (their handles died with the CUDA context) and new ones are
+ * made on demand; contexts created before the reset must not be used
+ * again.
+ *
+ * @par Current device (CUDA)
+ * Each call makes the context's device current for its duration and then
+ * restores the device that was current before, so the library never
+ * changes a framework's device behind its back. A thread that had no
+ * current CUDA context before the call (it never selected a device) is
+ * left with the context's device current afterwards, rather than switched
+ * to device 0, which since CUDA 12 would create a primary context (hundreds
+ * of MB) on GPU 0 that nobody asked for.
  *
  * @par Thread safety
  * Threading: a context is used by one thread at a time (like a cuBLAS
@@ -99,9 +141,12 @@ OSFT_API osft_status_t osft_device_count(osft_device_type_t type, int *count);
  *
  * Either both host callbacks are set or
  * neither (NULL pair: the built-in aligned malloc/free), and likewise for the
- * device pair (NULL pair: the built-in cudaMalloc/cudaFree). Every block obtained from an
- * *_alloc is returned to the matching *_free exactly once, with the same size, before
- * osft_context_destroy() returns.
+ * device pair (NULL pair: the built-in stream-ordered pool, see "Memory" at
+ * the top of this file). Every block obtained from an *_alloc is returned to
+ * the matching *_free exactly once, with the same size, before
+ * osft_context_destroy() returns. A device block may be returned while work
+ * that uses it is still enqueued on the stream passed to device_free: the
+ * callbacks free in stream order (or wait for that stream).
  *
  * @code{.unparsed}
  *   host_alloc(user, bytes, alignment): `alignment` is a power of two
@@ -179,6 +224,16 @@ typedef struct osft_context_options_s {
    * where the operation is chunked, picks smaller chunks to stay within it.
    * 0 means no limit. Default 0. */
   size_t workspace_limit;
+  /** Non-zero: fp32 GEMMs on CUDA may run on TF32 tensor cores (inputs
+   * rounded to a 10-bit mantissa, products accumulated in fp32), like
+   * torch.backends.cuda.matmul.allow_tf32: several times faster on Ampere
+   * and later GPUs, with a relative error of about 1e-3 instead of 1e-6.
+   * Applies to the GEMMs of flinear, the tiled MLP, FLCE and the
+   * projection whose operands are fp32 (bf16 operands are unaffected);
+   * never to the batched QR, its power iteration or the SVD, whose accuracy
+   * the orthogonality checks rely on. Ignored on the CPU. Added in 1.1.0;
+   * default 0 (full fp32). */
+  int allow_tf32;
 } osft_context_options_t;
 
 /**
@@ -208,7 +263,9 @@ OSFT_API osft_status_t osft_context_options_init(osft_context_options_t *opts,
  * `opts` may be NULL for a
  * CPU context with all defaults; it is only read during the call.
  *
- * For CUDA the device is checked (the driver is loaded, the ordinal exists);
+ * For CUDA the device is checked (the driver is loaded, the ordinal exists,
+ * and its compute capability is one this library was built for: without
+ * that check every later call would fail with "no kernel image");
  * cuBLAS/cuSOLVER handles are created later, on first use. The context's
  * own bookkeeping is allocated with the host allocator.
  *
@@ -222,7 +279,10 @@ OSFT_API osft_status_t osft_context_options_init(osft_context_options_t *opts,
  *   allocator with only one callback of a pair.
  * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  opts or opts->allocator
  *   struct_size.
- * @retval OSFT_STATUS_NOT_SUPPORTED  CUDA requested but not compiled in.
+ * @retval OSFT_STATUS_NOT_SUPPORTED  CUDA requested but not compiled in; or
+ *   the GPU's compute capability is not among the CUDA architectures the
+ *   library was built for (the message names the GPU's capability and the
+ *   built architectures, e.g. "built for CUDA architectures 80;90").
  * @retval OSFT_STATUS_NO_DEVICE  no CUDA driver/GPU, or device_id >= the
  *   number of GPUs.
  * @retval OSFT_STATUS_OUT_OF_MEMORY  the host allocator failed.
@@ -272,8 +332,12 @@ OSFT_API osft_status_t osft_context_get_device(osft_context_t ctx,
  * default stream) for all later work of the context, and rebinds its cuBLAS
  * and cuSOLVER handles.
  *
- * Work already enqueued stays on the previous stream: the
- * caller orders the two streams if needed. Not owned by the context.
+ * Work already enqueued stays on the previous stream. The new stream is
+ * made to wait, on the device, for the work enqueued so far on the old one
+ * (an event; the host does not wait), so memory the old stream may still
+ * use (the workspace) is reused or freed only after it: the caller need not
+ * order the two streams for the library's sake, only for its own tensors.
+ * Not owned by the context.
  *
  * @param[in] ctx     The context.
  * @param[in] stream  A cudaStream_t as void *, or NULL.
@@ -281,8 +345,9 @@ OSFT_API osft_status_t osft_context_get_device(osft_context_t ctx,
  * @retval OSFT_STATUS_INVALID_HANDLE  ctx is not a live context.
  * @retval OSFT_STATUS_INVALID_ARGUMENT  for a non-NULL stream on a CPU
  *   context.
- * @retval OSFT_STATUS_BACKEND_ERROR  if a library handle could not be
- *   rebound (the stream is then unchanged).
+ * @retval OSFT_STATUS_BACKEND_ERROR  if the ordering event could not be
+ *   recorded or waited on, or a library handle could not be rebound (the
+ *   stream is then unchanged).
  */
 OSFT_API osft_status_t osft_context_set_stream(osft_context_t ctx, void *stream);
 
@@ -311,9 +376,14 @@ OSFT_API osft_status_t osft_context_synchronize(osft_context_t ctx);
 
 /**
  * @brief Grows the workspace to at least `bytes` now, so that later
- * operations do not allocate (useful before graph capture or timing).
+ * operations do not allocate it (useful before graph capture or timing).
  *
- * Never shrinks it.
+ * Never shrinks it. Besides the workspace, a first call of an operation
+ * may grow the context's smaller scratch blocks (a kernel's partial sums
+ * and staging, the tiled MLP's buffers over OSFT layers, host bookkeeping;
+ * see "Memory" at the top of this file): to capture a step in a CUDA
+ * graph, run it once uncaptured first; later calls with the same shapes
+ * allocate nothing.
  * Growing frees the old block before allocating the larger one, so the
  * memory held peaks at the larger size, not at the sum of both.
  *
@@ -324,12 +394,18 @@ OSFT_API osft_status_t osft_context_synchronize(osft_context_t ctx);
  * @retval OSFT_STATUS_OUT_OF_MEMORY  if `bytes` exceeds the workspace limit
  *   (nothing changes) or the allocator fails (the old size is allocated again
  *   where the allocator allows, else the workspace is left empty and grows on
- *   the next demand).
+ *   the next demand). On CUDA with the built-in allocator, only when the
+ *   device is out of memory (cudaErrorMemoryAllocation).
+ * @retval OSFT_STATUS_BACKEND_ERROR  On CUDA with the built-in allocator,
+ *   any other CUDA error of the allocation (a sticky error from an earlier
+ *   fault, an allocation refused during stream capture), named in the
+ *   message.
  */
 OSFT_API osft_status_t osft_context_reserve_workspace(osft_context_t ctx, size_t bytes);
 
 /**
- * @brief Frees the workspace (it is grown again on demand).
+ * @brief Frees the workspace and the context's other scratch blocks (they
+ * are grown again on demand).
  *
  * On CUDA, waits for the
  * context's stream first.

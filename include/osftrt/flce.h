@@ -47,8 +47,8 @@
  * all their class weights 0) drops the cross-entropy part of MEAN, N = 0
  * (every target ignored, or a call with no tokens) all of it. Changed after
  * 1.0.0: MEAN used to divide the z-loss part by D as well (L = sum_i loss_i
- * / D); see the change log in ABI.md. The same outside peers: see
- * "Compatibility" below.
+ * / D); see the change log in ABI.md. How the options of Liger-Kernel, Cut
+ * Cross-Entropy and PyTorch map onto these: see "Compatibility" below.
  *
  * @par How it runs
  * Tokens are processed in chunks of C rows. Per chunk:
@@ -334,6 +334,24 @@ typedef struct osft_flce_options_s {
    * > vocab_offset; with a one-rank comm 0 or in->weight's rows (0: V is
    * in->weight's rows). Without comm: 0. Default 0. */
   int64_t vocab_size_global;
+  /** Non-zero: check the targets on the device, so that a call never waits
+   * for the host (CUDA: no stream synchronization; the call can be captured
+   * in a CUDA graph). A target outside [0, V) that is not ignore_index then
+   * does not fail the call: osft_flce_compute() returns
+   * OSFT_STATUS_SUCCESS, that token's loss (token_loss) and with it the
+   * reduced loss (MEAN, SUM) become NaN, the other outputs are computed as
+   * if the token had no target in the vocabulary, and the handle keeps a
+   * sticky record of the first such call, token and target, which
+   * osft_flce_check_targets() reports later (the way a device-side assert
+   * of PyTorch surfaces at a later synchronization). The trade-off: the
+   * default (0) costs one wait per call (the host reads the check's result
+   * before any output is written) and in exchange fails with
+   * OSFT_STATUS_INDEX_OUT_OF_RANGE writing nothing. The CPU honours the
+   * option with the same semantics (it never waits anyway). With vocab
+   * parallelism over more than one rank the ranks exchange their totals on
+   * the host, so the call waits and checks there as by default (the option
+   * has no effect). Added in 1.1.0; default 0. */
+  int device_target_check;
 } osft_flce_options_t;
 
 /**
@@ -533,7 +551,9 @@ OSFT_API osft_status_t osft_flce_outputs_init(osft_flce_outputs_t *out,
  *   output)
  * @retval OSFT_STATUS_INDEX_OUT_OF_RANGE  (a target outside [0, V) that is
  *   not ignore_index; the message names the first such token and its value;
- *   V is the global vocab_size_global with vocab parallelism)
+ *   V is the global vocab_size_global with vocab parallelism). Not with
+ *   device_target_check (one rank): the call then succeeds with a NaN loss
+ *   and osft_flce_check_targets() reports it later.
  * @retval OSFT_STATUS_COMM_ERROR  (a collective failed; the outputs may then
  *   be partly written)
  * @retval OSFT_STATUS_TIMEOUT  (a collective failed; the outputs may then be
@@ -546,6 +566,32 @@ OSFT_API osft_status_t osft_flce_outputs_init(osft_flce_outputs_t *out,
  */
 OSFT_API osft_status_t osft_flce_compute(osft_flce_t flce, const osft_flce_inputs_t *in,
                                          const osft_flce_outputs_t *out);
+
+/**
+ * @brief Reports and clears the sticky target error of a handle created with
+ * device_target_check (see osft_flce_options_t): whether a call since the
+ * handle was created, or since the last osft_flce_check_targets(), had a
+ * target outside [0, V) that is not ignore_index.
+ *
+ * On CUDA this waits for the context's stream (the work of the calls made
+ * so far must have run): call it where a step synchronizes anyway (e.g.
+ * when the loss is read), not inside a captured graph. The message names
+ * the first such call (counted from 1 since the creation or the last
+ * check), its token and its target. A handle without device_target_check
+ * has no record and always returns OSFT_STATUS_SUCCESS (its calls fail
+ * at once instead). Added in 1.1.0.
+ *
+ * @param[in] flce  The handle.
+ * @retval OSFT_STATUS_SUCCESS  No out-of-range target since the last check.
+ * @retval OSFT_STATUS_INDEX_OUT_OF_RANGE  A call had one (the message says
+ *   which call, token and target); the record is cleared.
+ * @retval OSFT_STATUS_INVALID_HANDLE  (flce, or its context was destroyed)
+ * @retval OSFT_STATUS_BACKEND_ERROR  Waiting for the stream or reading the
+ *   record failed (the CUDA error's name is in the message).
+ * @par Thread safety
+ * As for osft_flce_compute(): one thread at a time per context.
+ */
+OSFT_API osft_status_t osft_flce_check_targets(osft_flce_t flce);
 
 /**
  * @brief What a call would do, from osft_flce_get_plan().

@@ -54,6 +54,9 @@ OSFT_HOST_DEVICE inline ActValue activation<Activation::gelu_erf>(float z) {
 
 template <>
 OSFT_HOST_DEVICE inline ActValue activation<Activation::relu>(float z) {
+  /* NaN propagates (as torch.relu), like every other activation: a NaN
+   * input must not turn into a finite 0 that hides a diverged step. */
+  if (z != z) return ActValue{z, 0.0f};
   return z > 0.0f ? ActValue{z, 1.0f} : ActValue{0.0f, 0.0f};
 }
 

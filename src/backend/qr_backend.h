@@ -89,8 +89,9 @@ inline const QrKernels &qr_kernels(Context &ctx) {
   return on_cuda(ctx) ? cuda_qr_kernels() : cpu_qr_kernels();
 }
 
-/* A host array of trivially copyable T from the context's allocator,
- * zero-filled and freed on scope exit: per-call bookkeeping. */
+/* A host array of trivially copyable T from the context's host scratch,
+ * zero-filled and given back on scope exit: per-call bookkeeping that
+ * allocates nothing once the scratch has grown to a call's needs. */
 template <class T>
 class HostArray {
   static_assert(std::is_trivially_copyable<T>::value, "plain data only");
@@ -99,10 +100,10 @@ class HostArray {
   HostArray(Context &ctx, size_t count) : ctx_(ctx), bytes_(count * sizeof(T)) {
     if (count != 0 && bytes_ / count != sizeof(T)) throw std::bad_alloc();
     if (bytes_ == 0) return;
-    data_ = static_cast<T *>(ctx_.allocator.host_alloc(bytes_, "QR bookkeeping"));
+    data_ = static_cast<T *>(host_scratch_take(ctx_, bytes_, "QR bookkeeping"));
     std::memset(static_cast<void *>(data_), 0, bytes_);
   }
-  ~HostArray() { ctx_.allocator.host_free(data_, bytes_); }
+  ~HostArray() { host_scratch_give(ctx_, data_, bytes_); }
   HostArray(const HostArray &) = delete;
   HostArray &operator=(const HostArray &) = delete;
   T *get() const noexcept { return data_; }

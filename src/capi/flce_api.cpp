@@ -110,6 +110,13 @@ OSFT_API osft_status_t osft_flce_compute(osft_flce_t flce, const osft_flce_input
   });
 }
 
+OSFT_API osft_status_t osft_flce_check_targets(osft_flce_t flce) {
+  return api_call("osft_flce_check_targets", [&] {
+    osft::check_targets_record(osft::checked_flce(flce, "flce"));
+    return OSFT_STATUS_SUCCESS;
+  });
+}
+
 OSFT_API osft_status_t osft_flce_get_plan(osft_flce_t flce, const osft_flce_inputs_t *in,
                                           const osft_flce_outputs_t *out,
                                           osft_flce_plan_t *plan) {

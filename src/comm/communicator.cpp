@@ -3,6 +3,7 @@
  * the small host exchange the projector's setup uses. */
 #include "comm/communicator.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -66,16 +67,20 @@ size_t checked_buffer(Comm &comm, const DLTensor *t, const char *name) {
 }
 
 void *data_of(const DLTensor *t) {
-  return static_cast<char *>(t->data) + t->byte_offset;
+  /* NULL data (an empty tensor) stays NULL: no arithmetic on a null pointer. */
+  return t->data != nullptr ? static_cast<char *>(t->data) + t->byte_offset : nullptr;
 }
 
 }  // namespace
 
 Deadline::Deadline(double seconds) : infinite_(std::isinf(seconds)), seconds_(seconds) {
+  /* A finite timeout beyond ~30 years is clamped: converting it to the
+   * clock's int64 nanoseconds would overflow (UB, and a deadline in the
+   * past). */
   if (!infinite_)
     at_ = std::chrono::steady_clock::now() +
           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-              std::chrono::duration<double>(seconds));
+              std::chrono::duration<double>(std::min(seconds, 1e9)));
 }
 
 bool Deadline::passed() const noexcept {

@@ -150,10 +150,100 @@ void *workspace(Context &ctx, size_t bytes) {
 }
 
 void release_workspace(Context &ctx) {
-  if (ctx.workspace == nullptr) return;
-  memory_free(ctx, ctx.workspace, ctx.workspace_bytes);
+  if (ctx.workspace != nullptr) memory_free(ctx, ctx.workspace, ctx.workspace_bytes);
   ctx.workspace = nullptr;
   ctx.workspace_bytes = 0;
+  if (ctx.kernel_block != nullptr)
+    memory_free(ctx, ctx.kernel_block, ctx.kernel_block_bytes);
+  ctx.kernel_block = nullptr;
+  ctx.kernel_block_bytes = 0;
+  if (ctx.outer_block != nullptr)
+    memory_free(ctx, ctx.outer_block, ctx.outer_block_bytes);
+  ctx.outer_block = nullptr;
+  ctx.outer_block_bytes = 0;
+  if (ctx.host_block != nullptr && ctx.host_block_used == 0) {
+    ctx.allocator.host_free(ctx.host_block, ctx.host_block_bytes);
+    ctx.host_block = nullptr;
+    ctx.host_block_bytes = 0;
+    ctx.host_block_want = 0;
+  }
+}
+
+namespace {
+
+/* A block of the context's memory of at least `bytes`, kept between calls.
+ * The old block is freed first, in stream order on the context's stream:
+ * work enqueued on it finishes before its memory is reused. */
+void *grown_block(Context &ctx, void *&block, size_t &have, size_t bytes,
+                  const char *what) {
+  if (bytes <= have) return block;
+  if (block != nullptr) memory_free(ctx, block, have);
+  block = nullptr;
+  have = 0;
+  block = memory_alloc(ctx, bytes, what);
+  have = bytes;
+  return block;
+}
+
+}  // namespace
+
+void *kernel_scratch(Context &ctx, size_t bytes, const char *what) {
+  return grown_block(ctx, ctx.kernel_block, ctx.kernel_block_bytes, bytes, what);
+}
+
+void *outer_workspace(Context &ctx, size_t bytes, const char *what) {
+  return grown_block(ctx, ctx.outer_block, ctx.outer_block_bytes, bytes, what);
+}
+
+namespace {
+
+constexpr size_t host_scratch_round(size_t bytes) noexcept {
+  return (bytes + Allocator::host_alignment - 1) / Allocator::host_alignment *
+         Allocator::host_alignment;
+}
+
+}  // namespace
+
+void *host_scratch_take(Context &ctx, size_t bytes, const char *what) {
+  const size_t need = host_scratch_round(bytes);
+  void *p = nullptr;
+  if (ctx.host_block_top + need <= ctx.host_block_bytes) {
+    p = ctx.host_block + ctx.host_block_top;
+    ctx.host_block_top += need;
+  } else {
+    /* Does not fit: a block of its own this time, and a larger stack later. */
+    p = ctx.allocator.host_alloc(need, what);
+  }
+  ctx.host_block_used += need;
+  if (ctx.host_block_used > ctx.host_block_want)
+    ctx.host_block_want = ctx.host_block_used;
+  return p;
+}
+
+void host_scratch_give(Context &ctx, void *ptr, size_t bytes) noexcept {
+  if (ptr == nullptr) return;
+  const size_t need = host_scratch_round(bytes);
+  char *p = static_cast<char *>(ptr);
+  if (ctx.host_block != nullptr && p >= ctx.host_block &&
+      p < ctx.host_block + ctx.host_block_bytes) {
+    ctx.host_block_top = static_cast<size_t>(p - ctx.host_block); /* stack order */
+  } else {
+    ctx.allocator.host_free(ptr, need);
+  }
+  ctx.host_block_used -= need;
+  if (ctx.host_block_used != 0 || ctx.host_block_want <= ctx.host_block_bytes) return;
+  /* Nothing held: grow to what the largest call needed. */
+  if (ctx.host_block != nullptr)
+    ctx.allocator.host_free(ctx.host_block, ctx.host_block_bytes);
+  ctx.host_block = nullptr;
+  ctx.host_block_bytes = 0;
+  try {
+    ctx.host_block = static_cast<char *>(
+        ctx.allocator.host_alloc(ctx.host_block_want, "host scratch"));
+    ctx.host_block_bytes = ctx.host_block_want;
+  } catch (...) {
+    ctx.host_block_want = 0; /* calls allocate their own until a later growth */
+  }
 }
 
 void *device_alloc(Context &ctx, size_t bytes, const char *what) {

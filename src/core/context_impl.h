@@ -32,18 +32,31 @@ struct osft_context_s {
         device_id(opts.device_id),
         stream(opts.stream),
         workspace_limit(opts.workspace_limit),
+        allow_tf32(opts.allow_tf32 != 0),
         allocator(alloc) {}
 
   osft_device_type_t device_type;
   int device_id;
   void *stream;
   size_t workspace_limit; /* 0: unlimited */
+  bool allow_tf32;        /* fp32 GEMMs may use TF32 (CUDA) */
   osft::Allocator allocator;
   void *workspace = nullptr;
   size_t workspace_bytes = 0;
-  int live_children = 0;  /* handles created from this context and alive */
-  void *blas = nullptr;   /* cublasHandle_t, created on first use */
-  void *solver = nullptr; /* cusolverDnHandle_t, created on first use */
+  /* kernel_scratch(): one block in the context's memory, grown on demand. */
+  void *kernel_block = nullptr;
+  size_t kernel_block_bytes = 0;
+  /* outer_workspace(): one block in the context's memory, grown on demand. */
+  void *outer_block = nullptr;
+  size_t outer_block_bytes = 0;
+  /* HostScratch: a host stack for per-call bookkeeping; `want` is the most
+   * a call needed, to which the block grows once the stack is empty. */
+  char *host_block = nullptr;
+  size_t host_block_bytes = 0, host_block_top = 0, host_block_want = 0;
+  size_t host_block_used = 0; /* held now, own blocks of calls included */
+  int live_children = 0;      /* handles created from this context and alive */
+  void *blas = nullptr;       /* cublasHandle_t, created on first use */
+  void *solver = nullptr;     /* cusolverDnHandle_t, created on first use */
 };
 
 namespace osft {
@@ -69,7 +82,33 @@ inline bool on_cuda(const Context &ctx) noexcept {
  * workspace; throws OSFT_STATUS_OUT_OF_MEMORY above the limit or when the
  * allocator fails, keeping the old workspace. */
 void *workspace(Context &ctx, size_t bytes);
+/* Frees the workspace, the kernel scratch and (when no call holds any of
+ * it) the host scratch. */
 void release_workspace(Context &ctx);
+
+/* Scratch of a single backend kernel call (the partial sums of a
+ * reduction, a GEMM's staging, a flag), in the context's memory: a second
+ * block, apart from the workspace an operation has planned, so a kernel
+ * may use it while the operation holds the workspace. Kept between calls
+ * and grown on demand (the old block freed in stream order), so calls with
+ * the same shapes allocate nothing after the first. Valid until the next
+ * kernel_scratch() call; a kernel takes it once. Not counted against
+ * workspace_limit (it is the size of one kernel's partial results). */
+void *kernel_scratch(Context &ctx, size_t bytes, const char *what);
+
+/* The buffers of an operation that calls other operations (the tiled MLP
+ * over flinear layers, whose calls take the workspace): a third block, kept
+ * and grown like the workspace. Valid until the next outer_workspace()
+ * call; not counted against workspace_limit. */
+void *outer_workspace(Context &ctx, size_t bytes, const char *what);
+
+/* Host memory for a call's bookkeeping (job lists, descriptors), taken and
+ * given back in stack order from a block the context keeps: a call that
+ * does not fit allocates from the host allocator, and the block then grows
+ * to what that call needed as soon as nothing is held, so the next call
+ * with the same shapes allocates nothing. */
+void *host_scratch_take(Context &ctx, size_t bytes, const char *what);
+void host_scratch_give(Context &ctx, void *ptr, size_t bytes) noexcept;
 
 /* CUDA device memory through the context's allocator (CUDA contexts). */
 void *device_alloc(Context &ctx, size_t bytes, const char *what);

@@ -27,6 +27,9 @@ struct Vec {
 
 /* Column range [first, first + count) of a matrix view. */
 inline Mat cols_of(const Mat &m, int64_t first, int64_t count) noexcept {
+  /* An empty view (e.g. no tokens: no scratch) may have NULL data: keep it
+   * NULL rather than offset a null pointer (UB). */
+  if (m.data == nullptr) return Mat{nullptr, m.rows, count, m.ld, m.dtype};
   return Mat{static_cast<char *>(m.data) +
                  first * static_cast<int64_t>(osfti_dtype_size(m.dtype)),
              m.rows, count, m.ld, m.dtype};
@@ -34,6 +37,7 @@ inline Mat cols_of(const Mat &m, int64_t first, int64_t count) noexcept {
 
 /* Row range [first, first + count) of a matrix view. */
 inline Mat rows_of(const Mat &m, int64_t first, int64_t count) noexcept {
+  if (m.data == nullptr) return Mat{nullptr, count, m.cols, m.ld, m.dtype};
   return Mat{static_cast<char *>(m.data) +
                  first * m.ld * static_cast<int64_t>(osfti_dtype_size(m.dtype)),
              count, m.cols, m.ld, m.dtype};

@@ -32,8 +32,9 @@ Mat as_mat(const DLTensor *t) {
 }
 
 Vec as_vec(const DLTensor *t) {
-  return Vec{static_cast<char *>(t->data) + t->byte_offset, t->ndim > 0 ? t->shape[0] : 1,
-             osfti_dtype_from_dl(t->dtype)};
+  /* NULL data (an empty tensor) stays NULL: no arithmetic on a null pointer. */
+  return Vec{t->data != nullptr ? static_cast<char *>(t->data) + t->byte_offset : nullptr,
+             t->ndim > 0 ? t->shape[0] : 1, osfti_dtype_from_dl(t->dtype)};
 }
 
 Mat checked_matrix(Context &ctx, const DLTensor *t, const char *name, unsigned dtypes,

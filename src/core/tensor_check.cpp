@@ -149,6 +149,25 @@ osft_status_t check_byte_size(const DLTensor *t, const osfti_tensor_spec &s) {
                          dims_string(t->shape, t->ndim, false).c_str());
 }
 
+/* The bytes from the first to the last element of a tensor whose layout
+ * passed (so every dim of size > 1 has a positive stride) fit in an int64:
+ * byte_extent() and every address computed from the strides stay defined. */
+bool extent_fits(const DLTensor *t, int64_t elem) {
+  if (t->strides == nullptr) return true; /* compact: numel * elem was checked */
+  int64_t high = 0;
+  for (int i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] <= 1) continue;
+    int64_t reach = 0;
+    if (t->strides[i] <= 0 ||
+        __builtin_mul_overflow(t->shape[i] - 1, t->strides[i], &reach) ||
+        __builtin_add_overflow(high, reach, &high))
+      return false;
+  }
+  int64_t bytes = 0;
+  return !__builtin_add_overflow(high, 1, &high) &&
+         !__builtin_mul_overflow(high, elem, &bytes);
+}
+
 osft_status_t check_layout(const DLTensor *t, const osfti_tensor_spec &s) {
   const size_t elem = osfti_dtype_size(osfti_dtype_from_dl(t->dtype));
   const uintptr_t first = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
@@ -159,6 +178,11 @@ osft_status_t check_layout(const DLTensor *t, const osfti_tensor_spec &s) {
                            s.name, static_cast<unsigned long long>(t->byte_offset), elem);
   const bool ok =
       s.layout == OSFTI_LAYOUT_CONTIGUOUS ? is_compact(t) : has_padded_rows(t);
+  if (ok && !extent_fits(t, static_cast<int64_t>(elem)))
+    return osfti_set_error(OSFT_STATUS_BAD_LAYOUT,
+                           "%s: strides %s for shape %s reach beyond the address space",
+                           s.name, strides_string(t).c_str(),
+                           dims_string(t->shape, t->ndim, false).c_str());
   if (ok) return OSFT_STATUS_SUCCESS;
   return osfti_set_error(
       OSFT_STATUS_BAD_LAYOUT, "%s: strides %s for shape %s, expected %s", s.name,
@@ -274,7 +298,9 @@ extern "C" int64_t osfti_numel(const DLTensor *t) {
 extern "C" osfti_matrix osfti_as_matrix(const DLTensor *t) {
   osfti_matrix m;
   m.dtype = osfti_dtype_from_dl(t->dtype);
-  m.data = static_cast<char *>(t->data) + t->byte_offset;
+  /* An empty tensor may have NULL data with any byte_offset: no arithmetic
+   * on a null pointer (UB). */
+  m.data = t->data != nullptr ? static_cast<char *>(t->data) + t->byte_offset : nullptr;
   m.cols = t->ndim > 0 ? t->shape[t->ndim - 1] : 1;
   m.rows = m.cols > 0 ? osfti_numel(t) / m.cols : 0;
   if (m.cols == 0) {

@@ -117,14 +117,17 @@ struct F32View {
   int64_t ld;
 };
 
-F32View as_f32(const Mat &m, const HostBuffer &storage) {
+F32View as_f32(const Mat &m, float *storage) {
   if (m.dtype == OSFTI_F32) return {static_cast<const float *>(m.data), m.ld};
-  widen(m, storage.as<float>());
-  return {storage.as<float>(), m.cols};
+  widen(m, storage);
+  return {storage, m.cols};
 }
 
+/* Bytes of m's fp32 copy (0 if it is fp32), rounded up to 64 bytes. */
 size_t f32_bytes(const Mat &m) {
-  return m.dtype == OSFTI_F32 ? 0 : static_cast<size_t>(m.rows * m.cols) * sizeof(float);
+  const size_t b =
+      m.dtype == OSFTI_F32 ? 0 : static_cast<size_t>(m.rows * m.cols) * sizeof(float);
+  return (b + 63) / 64 * 64;
 }
 
 void cpu_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float alpha,
@@ -132,14 +135,19 @@ void cpu_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float 
   const int64_t k = op_a == Op::N ? a.cols : a.rows;
   check_blas_dims({a.rows, a.cols, a.ld, b.rows, b.cols, b.ld, c.rows, c.cols, c.ld});
   if (c.rows == 0 || c.cols == 0) return;
-  HostBuffer a32(ctx, f32_bytes(a)), b32(ctx, f32_bytes(b));
-  const F32View av = as_f32(a, a32);
-  const F32View bv = as_f32(b, b32);
-  HostBuffer c32(ctx, f32_bytes(c));
+  /* The fp32 copies of bf16 operands, from the context's kernel scratch
+   * (kept between calls: a steady state allocates nothing). */
+  const size_t na = f32_bytes(a), nb = f32_bytes(b), nc = f32_bytes(c);
+  char *staging =
+      na + nb + nc == 0
+          ? nullptr
+          : static_cast<char *>(kernel_scratch(ctx, na + nb + nc, "gemm fp32 staging"));
+  const F32View av = as_f32(a, reinterpret_cast<float *>(staging));
+  const F32View bv = as_f32(b, reinterpret_cast<float *>(staging + na));
   float *cp = static_cast<float *>(c.data);
   int64_t ldc = c.ld;
   if (c.dtype != OSFTI_F32) {
-    cp = c32.as<float>();
+    cp = reinterpret_cast<float *>(staging + na + nb);
     ldc = c.cols;
     if (beta != 0.0f) widen(c, cp);
   }

@@ -1,6 +1,8 @@
 /* The CUDA kernels of fused linear cross-entropy (src/backend/flce_backend.h):
  * launches on the context's stream and device. Only prepare() waits, for
- * the target check, before the operation enqueues any write to an output. */
+ * the target check, before the operation enqueues any write to an output;
+ * with device_target_check it does not (the check's result stays on the
+ * device). */
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_check.h"
@@ -16,6 +18,7 @@ FlceTotals cuda_prepare(Context &ctx, const FlcePrepare &a) {
   cuda::DeviceGuard guard(ctx.device_id);
   cuda::launch_flce_prepare(stream_of(ctx), a);
   FlceTotals host;
+  if (!a.wait) return host; /* first_bad -1: the device has the verdict */
   check_cuda(cudaMemcpyAsync(&host, a.totals, sizeof host, cudaMemcpyDeviceToHost,
                              stream_of(ctx)),
              "cudaMemcpyAsync (target check)");

@@ -448,13 +448,13 @@ void launch_flce_prepare(cudaStream_t stream, const FlcePrepare &a) {
   if (a.targets.dtype == OSFTI_I64)
     prepare_kernel<int64_t><<<1, kSingleBlockThreads, 0, stream>>>(
         static_cast<const int64_t *>(a.targets.data), a.targets.n, w, a.loss.vocab,
-        a.loss.vocab_offset, a.loss.vocab_global, a.loss.ignore_index, a.totals,
-        a.record, a.call);
+        a.loss.vocab_offset, a.loss.vocab_global, a.loss.ignore_index, a.totals, a.record,
+        a.call);
   else
     prepare_kernel<int32_t><<<1, kSingleBlockThreads, 0, stream>>>(
         static_cast<const int32_t *>(a.targets.data), a.targets.n, w, a.loss.vocab,
-        a.loss.vocab_offset, a.loss.vocab_global, a.loss.ignore_index, a.totals,
-        a.record, a.call);
+        a.loss.vocab_offset, a.loss.vocab_global, a.loss.ignore_index, a.totals, a.record,
+        a.call);
   check_launch("flce prepare");
 }
 

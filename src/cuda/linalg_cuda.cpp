@@ -111,18 +111,24 @@ int64_t blas_ld(const Mat &m) noexcept {
 /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, and a
  * row-major matrix read as column-major is its transpose: so cuBLAS gets
  * (B, A) with the same ops and m, n swapped. CUBLAS_COMPUTE_32F keeps fp32
- * operands in full fp32 (no TF32: the handle keeps the default math mode);
- * bf16 operands run on tensor cores with fp32 accumulation. */
+ * operands in full fp32 (the handle keeps the default math mode); with the
+ * context's allow_tf32, CUBLAS_COMPUTE_32F_FAST_TF32 lets them run on TF32
+ * tensor cores. Chosen per call, so the handle's state never matters. bf16
+ * operands run on tensor cores with fp32 accumulation either way. */
 void gemm_ex(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, int64_t k,
              float alpha, float beta, const Mat &c) {
   const auto handle = static_cast<cublasHandle_t>(blas_handle(ctx));
   check_blas(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST),
              "cublasSetPointerMode");
+  const cublasComputeType_t compute =
+      ctx.allow_tf32 && a.dtype == OSFTI_F32 && b.dtype == OSFTI_F32
+          ? CUBLAS_COMPUTE_32F_FAST_TF32
+          : CUBLAS_COMPUTE_32F;
   check_blas(
       cublasGemmEx_64(handle, blas_op(op_b), blas_op(op_a), c.cols, c.rows, k, &alpha,
                       b.data, blas_type(b.dtype), blas_ld(b), a.data, blas_type(a.dtype),
-                      blas_ld(a), &beta, c.data, blas_type(c.dtype), blas_ld(c),
-                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                      blas_ld(a), &beta, c.data, blas_type(c.dtype), blas_ld(c), compute,
+                      CUBLAS_GEMM_DEFAULT),
       "cublasGemmEx");
 }
 
@@ -145,9 +151,11 @@ void cuda_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float
   }
   if (a.dtype == OSFTI_BF16 || c.dtype == OSFTI_F32)
     return gemm_ex(ctx, op_a, a, op_b, b, k, alpha, beta, c);
-  /* cuBLAS has no fp32 x fp32 -> bf16 GemmEx: go through an fp32 C. */
-  DeviceBuffer scratch(ctx, c.rows * c.cols, sizeof(float), "gemm fp32 output");
-  const Mat c32{scratch.as(), c.rows, c.cols, c.cols, OSFTI_F32};
+  /* cuBLAS has no fp32 x fp32 -> bf16 GemmEx: go through an fp32 C, in the
+   * context's kernel scratch (kept between calls). */
+  void *staging = kernel_scratch(
+      ctx, static_cast<size_t>(c.rows * c.cols) * sizeof(float), "gemm fp32 output");
+  const Mat c32{staging, c.rows, c.cols, c.cols, OSFTI_F32};
   if (beta != 0.0f) copy(ctx, strided(c), strided(c32));
   gemm_ex(ctx, op_a, a, op_b, b, k, alpha, beta, c32);
   copy(ctx, strided(c32), strided(c));
@@ -164,9 +172,12 @@ void cuda_scale_into(Context &ctx, Axis axis, const Mat &src, const Vec *s, floa
 void cuda_reduce(Context &ctx, Axis axis, const Mat &a, const Mat *b, float beta,
                  const Vec &y) {
   DeviceGuard guard(ctx.device_id);
-  DeviceBuffer scratch(ctx, cuda::reduce_scratch_floats(axis, a.rows, a.cols),
-                       sizeof(float), "reduce partial sums");
-  cuda::launch_reduce(stream_of(ctx), axis, a, b, beta, y, scratch.as<float>());
+  const size_t floats =
+      static_cast<size_t>(cuda::reduce_scratch_floats(axis, a.rows, a.cols));
+  float *partial = floats == 0 ? nullptr
+                               : static_cast<float *>(kernel_scratch(
+                                     ctx, floats * sizeof(float), "reduce partial sums"));
+  cuda::launch_reduce(stream_of(ctx), axis, a, b, beta, y, partial);
 }
 
 /* A zero row stride repeats the vector down the rows. */
@@ -178,14 +189,13 @@ void cuda_broadcast_rows(Context &ctx, const Vec &v, const Mat &dst) {
 
 bool cuda_all_finite(Context &ctx, const Mat &a) {
   DeviceGuard guard(ctx.device_id);
-  DeviceBuffer flag(ctx, 1, sizeof(int), "all_finite flag");
-  check_cuda(cudaMemsetAsync(flag.as(), 0, sizeof(int), stream_of(ctx)),
-             "cudaMemsetAsync");
-  cuda::launch_flag_nonfinite(stream_of(ctx), strided(a), flag.as<int>());
+  int *flag = static_cast<int *>(kernel_scratch(ctx, sizeof(int), "all_finite flag"));
+  check_cuda(cudaMemsetAsync(flag, 0, sizeof(int), stream_of(ctx)), "cudaMemsetAsync");
+  cuda::launch_flag_nonfinite(stream_of(ctx), strided(a), flag);
   int found = 0;
-  check_cuda(cudaMemcpyAsync(&found, flag.as(), sizeof found, cudaMemcpyDeviceToHost,
-                             stream_of(ctx)),
-             "cudaMemcpyAsync");
+  check_cuda(
+      cudaMemcpyAsync(&found, flag, sizeof found, cudaMemcpyDeviceToHost, stream_of(ctx)),
+      "cudaMemcpyAsync");
   check_cuda(cudaStreamSynchronize(stream_of(ctx)), "cudaStreamSynchronize");
   return found == 0;
 }

@@ -89,11 +89,34 @@ osft_flce_options_t read_flce_options(const osft_flce_options_t *user) {
   return o;
 }
 
+namespace {
+
+constexpr size_t kRecordBytes = kFlceTargetRecordWords * sizeof(int64_t);
+
+/* Zeroes the sticky record (in stream order on CUDA). */
+void clear_record(Context &ctx, int64_t *record) {
+  backend(ctx).fill_zero(ctx, Mat{record, 1, 2 * kFlceTargetRecordWords,
+                                  2 * kFlceTargetRecordWords, OSFTI_F32});
+}
+
+}  // namespace
+
 Flce *create_flce(Context &ctx, const osft_flce_options_t &opts) {
   check_vocab(ctx, opts);
   Flce *f = ctx.allocator.make<Flce>("flce handle");
   f->ctx = &ctx;
   f->opts = opts;
+  if (opts.device_target_check != 0) {
+    try {
+      f->target_record =
+          static_cast<int64_t *>(memory_alloc(ctx, kRecordBytes, "flce target record"));
+      clear_record(ctx, f->target_record);
+    } catch (...) {
+      memory_free(ctx, f->target_record, kRecordBytes);
+      ctx.allocator.destroy(f);
+      throw;
+    }
+  }
   f = register_child(f, HandleKind::flce, destroy_flce);
   if (opts.comm != nullptr) opts.comm->users++;
   return f;
@@ -102,7 +125,26 @@ Flce *create_flce(Context &ctx, const osft_flce_options_t &opts) {
 void destroy_flce(Flce *f) noexcept {
   if (f->opts.comm != nullptr && f->counted) f->opts.comm->users--;
   uncount_child(f);
+  memory_free(*f->ctx, f->target_record, kRecordBytes);
   f->ctx->allocator.destroy(f);
+}
+
+void check_targets_record(Flce &f) {
+  if (f.target_record == nullptr) return;
+  Context &ctx = *f.ctx;
+  int64_t r[kFlceTargetRecordWords] = {0, 0, 0};
+  copy_to_host(ctx, r, f.target_record, kRecordBytes); /* waits on CUDA */
+  const int64_t calls = f.calls;
+  f.calls = 0;
+  if (r[0] == 0) return;
+  clear_record(ctx, f.target_record);
+  raise(
+      OSFT_STATUS_INDEX_OUT_OF_RANGE,
+      "flce: call %lld of %lld since the last check: in->targets: token %lld has target "
+      "%lld, outside [0, V) and not the ignore_index %lld (its loss was NaN)",
+      static_cast<long long>(r[0]), static_cast<long long>(calls),
+      static_cast<long long>(r[1]), static_cast<long long>(r[2]),
+      static_cast<long long>(f.opts.ignore_index));
 }
 
 Flce &checked_flce(osft_flce_t flce, const char *arg) {

@@ -15,6 +15,11 @@ struct osft_flce_s {
   osft::Context *ctx = nullptr;
   osft_flce_options_t opts{};
   bool counted = false; /* registered, and counted in ctx->live_children */
+  /* device_target_check: the sticky record in the context's memory,
+   * kFlceTargetRecordWords int64 (FlcePrepare::record), zero when clear;
+   * calls: the calls since creation or the last check. */
+  int64_t *target_record = nullptr;
+  int64_t calls = 0;
 };
 
 namespace osft {
@@ -26,6 +31,9 @@ osft_flce_options_t read_flce_options(const osft_flce_options_t *user);
 Flce *create_flce(Context &ctx, const osft_flce_options_t &opts);
 void destroy_flce(Flce *flce) noexcept;
 Flce &checked_flce(osft_flce_t flce, const char *arg);
+/* device_target_check: reads (waiting on CUDA) and clears the sticky
+ * record; throws OSFT_STATUS_INDEX_OUT_OF_RANGE describing it if set. */
+void check_targets_record(Flce &f);
 
 /* ---- validation and planning (flce_plan.cpp) */
 

@@ -272,9 +272,9 @@ Tiling plan_tiles(const Mlp &mlp, int64_t tokens, int64_t forced) {
       size = std::min(
           size, std::max<int64_t>(
                     1, static_cast<int64_t>(limit - std::min(limit, slack)) / per_token));
-    t.count = (tokens + size - 1) / size;
+    t.count = tokens / size + (tokens % size != 0); /* ceil, without overflow */
   }
-  t.max_rows = t.count > 0 ? (tokens + t.count - 1) / t.count : 0;
+  t.max_rows = t.count > 0 ? tokens / t.count + (tokens % t.count != 0) : 0;
   log_message(OSFT_LOG_DEBUG, "mlp %lldx%lld: %lld tokens in %lld tiles of <= %lld",
               static_cast<long long>(mlp.hidden), static_cast<long long>(mlp.inter),
               static_cast<long long>(tokens), static_cast<long long>(t.count),
@@ -295,8 +295,7 @@ void BufferPlan::place(const Mlp &mlp) {
   if (!has_layer(mlp)) {
     base_ = static_cast<char *>(workspace(ctx, total_));
   } else if (total_ > 0) {
-    base_ = static_cast<char *>(memory_alloc(ctx, total_, "mlp tile buffers"));
-    ctx_ = &ctx;
+    base_ = static_cast<char *>(outer_workspace(ctx, total_, "mlp tile buffers"));
   }
 }
 

@@ -112,17 +112,16 @@ struct Tiling {
 Tiling plan_tiles(const Mlp &mlp, int64_t tokens, int64_t forced);
 
 /* Where the buffers of a call are placed: the context's workspace for
- * dense-only MLPs; a block allocated for the call (freed when the plan goes)
- * when a layer is involved, because the layer's own scratch takes the
- * workspace, which must then stay free to grow. Buffers are planned first
- * and placed at once, before anything is written. */
+ * dense-only MLPs; the context's outer workspace when a layer is involved,
+ * because the layer's own scratch takes the workspace, which must then stay
+ * free to grow. Both are kept between calls, so calls with the same shapes
+ * allocate nothing after the first. Buffers are planned first and placed at
+ * once, before anything is written. */
 class BufferPlan {
  public:
   static constexpr size_t alignment = 256;
   BufferPlan() = default;
-  ~BufferPlan() {
-    if (ctx_ != nullptr) memory_free(*ctx_, base_, total_);
-  }
+  ~BufferPlan() = default;
   BufferPlan(const BufferPlan &) = delete;
   BufferPlan &operator=(const BufferPlan &) = delete;
   /* Reserves a rows x cols matrix; returns its slot. */
@@ -142,7 +141,6 @@ class BufferPlan {
   int count_ = 0;
   size_t total_ = 0;
   char *base_ = nullptr;
-  Context *ctx_ = nullptr; /* set when base_ is the plan's own block */
 };
 
 /* ---- one projection on one tile (mlp_proj.cpp) */

@@ -35,34 +35,41 @@ Mat full_of(const Projector &p, const Part &part) {
              part.high.m.dtype};
 }
 
-/* The parts a call works on. need_all: every present part must have the
- * operand (the orthogonality query), else parts without it are skipped. */
-ContextVector<View> collect(Projector &p, Operands which, bool need_all) {
-  ContextVector<View> views{ContextAllocator<View>(p.ctx)};
+/* Before a call: refreshes the layers' views and checks the operands.
+ * need_all: every present part must have the operand (the orthogonality
+ * query), else parts without it are skipped. */
+void refresh(Projector &p, Operands which, bool need_all) {
   for (size_t i = 0; i < p.targets.size(); ++i) {
     Target &t = p.targets[i];
     if (t.layer != nullptr) refresh_layer_target(p, t, static_cast<int64_t>(i));
+    if (!need_all) continue;
     for (const Part *part : {&t.u, &t.v}) {
-      if (!part->present) continue;
-      const bool u = part == &t.u;
       const Operand &x = which == Operands::grads ? part->grad : part->low;
-      if (!x.set) {
-        if (need_all)
-          raise(OSFT_STATUS_INVALID_ARGUMENT,
-                "target %zu: no %s registered; the orthogonality query needs the "
-                "trainable factor of every part",
-                i, u ? "u_low" : "v_low");
-        continue;
-      }
+      if (part->present && !x.set)
+        raise(OSFT_STATUS_INVALID_ARGUMENT,
+              "target %zu: no %s registered; the orthogonality query needs the "
+              "trainable factor of every part",
+              i, part == &t.u ? "u_low" : "v_low");
+    }
+  }
+}
+
+/* Calls fn(view) for each part a call works on, in registration order.
+ * Views are made on the fly rather than collected, so that a call
+ * allocates nothing. */
+template <class Fn>
+void each_view(Projector &p, Operands which, Fn &&fn) {
+  for (Target &t : p.targets)
+    for (const Part *part : {&t.u, &t.v}) {
+      const Operand &x = which == Operands::grads ? part->grad : part->low;
+      if (!part->present || !x.set) continue;
       View v;
-      v.u = u;
+      v.u = part == &t.u;
       v.full = full_of(p, *part);
       v.x = x.m;
       if (part->reduced()) v.coef = p.coef + part->coef;
-      views.push_back(v);
+      fn(static_cast<const View &>(v));
     }
-  }
-  return views;
 }
 
 /* The coefficient block of a view: C_U (r x l) or C_V (l x r). */
@@ -75,13 +82,13 @@ int64_t elems(const Mat &m) {
   return m.rows * m.cols;
 }
 
-Scratch plan_scratch(const ContextVector<View> &views) {
+Scratch plan_scratch(Projector &p, Operands which) {
   int64_t w = 0, x = 0, loc = 0;
-  for (const View &v : views) {
+  each_view(p, which, [&](const View &v) {
     if (v.full.dtype != OSFTI_F32) w = std::max(w, elems(v.full));
     if (v.full.dtype == OSFTI_F32 && v.x.dtype != OSFTI_F32) x = std::max(x, elems(v.x));
     if (v.coef == nullptr) loc = std::max(loc, elems(coef_mat(v, nullptr)));
-  }
+  });
   Scratch s;
   s.w32 = s.plan.add_mat(1, w, OSFTI_F32);
   s.x32 = s.plan.add_mat(1, x, OSFTI_F32);
@@ -134,12 +141,14 @@ double max_abs(Context &ctx, const Mat &m) {
   double best = 0.0;
   for (size_t i = 0; i < n; ++i) {
     const double a = std::fabs(static_cast<double>(h[i]));
-    if (!(a <= best)) best = a;
+    if (a != a) return a; /* NaN wins: a later finite value must not replace it */
+    if (a > best) best = a;
   }
   return best;
 }
 
 void keep_max(double *best, double v) {
+  if (*best != *best) return; /* NaN wins and stays */
   if (!(v <= *best)) *best = v;
 }
 
@@ -148,27 +157,31 @@ void keep_max(double *best, double v) {
 void project(Projector &p, Operands which) {
   Context &ctx = *p.ctx;
   prepare(p);
-  const ContextVector<View> views = collect(p, which, false);
-  Scratch s = plan_scratch(views);
+  refresh(p, which, false);
+  Scratch s = plan_scratch(p, which);
   s.plan.allocate(ctx);
-  for (const View &v : views)
+  size_t parts = 0;
+  each_view(p, which, [&](const View &v) {
+    ++parts;
     if (v.coef != nullptr) coefficients(ctx, v, coef_mat(v, v.coef), s);
+  });
   /* Decided by the registration alone, so every rank launches it. */
   if (p.comm != nullptr && p.reduced > 0)
     comm_allreduce_sum(*p.comm, p.coef, static_cast<size_t>(p.reduced), OSFTI_F32);
   const Mat loc = s.plan.mat(s.loc);
-  for (const View &v : views) {
-    if (v.coef != nullptr) continue;
+  each_view(p, which, [&](const View &v) {
+    if (v.coef != nullptr) return;
     const Mat c = coef_mat(v, static_cast<float *>(loc.data));
     coefficients(ctx, v, c, s);
     update(ctx, v, c, s);
-  }
-  for (const View &v : views)
+  });
+  each_view(p, which, [&](const View &v) {
     if (v.coef != nullptr) update(ctx, v, coef_mat(v, v.coef), s);
+  });
   log_message(OSFT_LOG_DEBUG,
               "projector %p: projected %zu %s parts, %lld coefficients "
               "all-reduced",
-              static_cast<void *>(&p), views.size(),
+              static_cast<void *>(&p), parts,
               which == Operands::grads ? "gradient" : "parameter",
               static_cast<long long>(p.comm != nullptr ? p.reduced : 0));
 }
@@ -176,8 +189,8 @@ void project(Projector &p, Operands which) {
 void orthogonality(Projector &p, double *max_u, double *max_v) {
   Context &ctx = *p.ctx;
   prepare(p);
-  const ContextVector<View> views = collect(p, Operands::params, true);
-  Scratch s = plan_scratch(views);
+  refresh(p, Operands::params, true);
+  Scratch s = plan_scratch(p, Operands::params);
   s.plan.allocate(ctx);
   const int P = ranks(p), me = my_rank(p);
   const size_t total = static_cast<size_t>(p.reduced) + 2 * static_cast<size_t>(P);
@@ -188,15 +201,15 @@ void orthogonality(Projector &p, double *max_u, double *max_v) {
   for (size_t i = 0; i < total; ++i) h[i] = 0.0f;
   const Mat loc = s.plan.mat(s.loc);
   double local[2] = {0.0, 0.0};
-  for (const View &v : views) {
+  each_view(p, Operands::params, [&](const View &v) {
     if (v.coef != nullptr) {
       coefficients(ctx, v, coef_mat(v, v.coef), s);
-      continue;
+      return;
     }
     const Mat c = coef_mat(v, static_cast<float *>(loc.data));
     coefficients(ctx, v, c, s);
     keep_max(&local[v.u ? 0 : 1], max_abs(ctx, c));
-  }
+  });
   float *slots = h + p.reduced;
   slots[me] = static_cast<float>(local[0]);
   slots[P + me] = static_cast<float>(local[1]);
@@ -208,13 +221,13 @@ void orthogonality(Projector &p, double *max_u, double *max_v) {
     keep_max(&best[0], slots[q]);
     keep_max(&best[1], slots[P + q]);
   }
-  for (const View &v : views) {
-    if (v.coef == nullptr) continue;
+  each_view(p, Operands::params, [&](const View &v) {
+    if (v.coef == nullptr) return;
     const Mat c = coef_mat(v, h + (v.coef - p.coef));
     for (int64_t i = 0; i < elems(c); ++i)
       keep_max(&best[v.u ? 0 : 1],
                std::fabs(static_cast<double>(h[v.coef - p.coef + i])));
-  }
+  });
   if (max_u != nullptr) *max_u = best[0];
   if (max_v != nullptr) *max_v = best[1];
 }

@@ -99,9 +99,10 @@ static void test_workspace_limit_fails_before_writing(void **state) {
   assert_ok(osft_context_destroy(small));
 }
 
-/* Every byte is returned (an MLP with a layer allocates its tile buffers
- * per call), and nothing is kept between calls; a context with a live MLP
- * refuses to go. */
+/* Every byte is returned (an MLP with a layer keeps its tile buffers in the
+ * context's outer workspace, which osft_context_release_workspace frees),
+ * and nothing else is kept between calls; a context with a live MLP refuses
+ * to go. */
 static void test_memory_is_returned(void **state) {
   (void)state;
   test_alloc_state a;

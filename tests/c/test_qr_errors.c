@@ -255,13 +255,7 @@ static void test_power_iteration_errors(void **state) {
 static void test_memory_is_returned(void **state) {
   (void)state;
   test_alloc_state st;
-  test_alloc_reset(&st);
-  osft_allocator_t cb;
-  test_alloc_callbacks(&cb, &st, 0);
-  osft_context_options_t o;
-  assert_ok(OSFT_CONTEXT_OPTIONS_INIT(&o));
-  if (tt_device() == OSFT_DEVICE_CPU) o.allocator = &cb;
-  osft_context_t ctx = tt_context(&o);
+  osft_context_t ctx = tt_counting_context(&st); /* host and device counted */
   test_seed("memory");
   list L;
   list_make(&L, 4, kMixed, NULL, kWantR);
@@ -275,7 +269,8 @@ static void test_memory_is_returned(void **state) {
                   OSFT_STATUS_NUMERICAL_ERROR);
   }
   assert_ok(osft_context_destroy(ctx));
-  if (tt_device() == OSFT_DEVICE_CPU) assert_true(st.host_allocs > 0);
+  assert_true(st.host_allocs > 0);
+  if (tt_device() == OSFT_DEVICE_CUDA) assert_true(st.device_allocs > 0);
   tt_expect_all_returned(&st);
   list_free(&L);
 }

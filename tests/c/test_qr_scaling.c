@@ -72,6 +72,7 @@ static void test_scaled_matrices(void **state) {
 }
 
 int main(void) {
+  if (!tt_device_present()) return OSFT_TEST_SKIP;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_scaled_matrices, tt_setup, tt_teardown),
   };
