@@ -15,6 +15,11 @@ packages=(
   libopenblas-dev liblapacke-dev libcmocka-dev libdlpack-dev
   swig libopenmpi-dev openmpi-bin
   abigail-tools clang-format python3-pip
+  doxygen  # API reference: target osftrt_docs, .ci/stage_docs.sh
+  clang libclang-rt-dev valgrind  # fuzz (libFuzzer), TSan, memcheck stages
+  python3-clang-14 golang-go  # Julia binding generator/checks; Go binding
+  bindgen libclang1-14 libclang-common-14-dev  # Rust binding: bindgen drift check, .ci/stage_rust.sh
+  python3-dev python3-torch python3-numpy python3-pytest  # Python binding (/usr/bin/python3), .ci/stage_python.sh
 )
 
 as_root() {
@@ -59,4 +64,33 @@ if ! python3 -c "import numpy" >/dev/null 2>&1; then
   python3 -c "import numpy" >/dev/null 2>&1 ||
     echo "setup.sh: WARNING: numpy is still not importable by $(command -v python3)" >&2
 fi
+# ---- Python binding (.ci/stage_python.sh): scikit-build-core, the build
+# backend of bindings/python, for Debian's /usr/bin/python3 (which has
+# python3-torch; Debian has no scikit-build-core package, and its python
+# refuses plain pip installs under PEP 668, hence --break-system-packages).
+if ! /usr/bin/python3 -c "import scikit_build_core" >/dev/null 2>&1; then
+  echo "setup.sh: installing scikit-build-core for /usr/bin/python3"
+  as_root env PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    /usr/bin/python3 -m pip install --quiet --break-system-packages "scikit-build-core>=0.8"
+fi
+# ---- end Python binding
+# ---- Rust binding (.ci/stage_rust.sh): cargo. A rustup toolchain (on PATH
+# or in ~/.cargo/bin) is used as it is; without one, Debian's cargo package
+# (rustc 1.63, the bindings' minimum).
+if ! command -v cargo >/dev/null 2>&1 && [[ ! -x "$HOME/.cargo/bin/cargo" ]]; then
+  echo "setup.sh: installing Debian's cargo for the Rust binding"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends cargo
+fi
+# ---- end Rust binding
+# ---- Julia binding (.ci/stage_julia.sh): tree-sitter with its Julia grammar,
+# to parse the Julia package's sources (there is no Julia to run them), for
+# Debian's /usr/bin/python3 (PEP 668, hence --break-system-packages).
+if ! /usr/bin/python3 -c "import tree_sitter, tree_sitter_julia" >/dev/null 2>&1; then
+  echo "setup.sh: installing tree-sitter and tree-sitter-julia for /usr/bin/python3"
+  as_root env PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    /usr/bin/python3 -m pip install --quiet --break-system-packages \
+    "tree-sitter>=0.23,<0.26" "tree-sitter-julia==0.23.1"
+fi
+# ---- end Julia binding
 echo "setup.sh: done"
