@@ -9,7 +9,7 @@
  * the SWIG interface file instead.
  * ----------------------------------------------------------------------------- */
 
-// source: /work/main/bindings/swig/osftrt.i
+// source: bindings/swig/osftrt.i
 
 package capi
 

@@ -11,9 +11,12 @@ root=$(cd "$here/../../../../.." && pwd)
 out=${1:-$here}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-swig -go -cgo -intgosize 64 -package capi -DSWIGWORDSIZE64 \
-  -I"$root/include" -I"$root/bindings/go/swig" -I/usr/include \
-  -outdir "$tmp" -o "$tmp/osftrt_wrap.c" "$root/bindings/swig/osftrt.i"
+# From the repository root with relative paths: SWIG writes the interface's
+# path into its output, which must not depend on where the checkout is.
+out=$(mkdir -p "$out" && cd "$out" && pwd)
+(cd "$root" && swig -go -cgo -intgosize 64 -package capi -DSWIGWORDSIZE64 \
+  -Iinclude -Ibindings/go/swig -I/usr/include \
+  -outdir "$tmp" -o "$tmp/osftrt_wrap.c" bindings/swig/osftrt.i)
 suffix=$(grep -o '_capi_[0-9a-f]\{16\}' "$tmp/osftrt.go" | sed -n 1p)
 [[ -n "$suffix" ]] || { echo "generate.sh: unexpected SWIG output" >&2; exit 1; }
 sed -i "s/$suffix/_capi_osftrt/g" "$tmp/osftrt.go" "$tmp/osftrt_wrap.c"

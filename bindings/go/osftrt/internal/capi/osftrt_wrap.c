@@ -6,7 +6,7 @@
  * the SWIG interface file instead.
  * ----------------------------------------------------------------------------- */
 
-/* source: /work/main/bindings/swig/osftrt.i */
+/* source: bindings/swig/osftrt.i */
 
 
 
