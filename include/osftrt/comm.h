@@ -77,6 +77,14 @@
  *   osft_comm_allreduce_sum(comm, &grad);  // grad: a compact fp32 DLTensor
  *   osft_comm_destroy(comm);
  * @endcode
+ *
+ * @par Non-finite values (NaN, Inf)
+ * osft_comm_allreduce_sum and osft_comm_allgather move values unchanged: NaN
+ * and Inf are summed or copied like any value (a NaN on one rank makes that
+ * element NaN on every rank) and the call succeeds. opts->timeout_seconds:
+ * NaN, 0 and negative values are refused with OSFT_STATUS_INVALID_ARGUMENT;
+ * INFINITY means no limit; a finite value above ~31 years (1e9 s) is treated
+ * as 1e9 s.
  */
 #ifndef OSFTRT_COMM_H
 #define OSFTRT_COMM_H

@@ -79,6 +79,10 @@
  *   osft_context_synchronize(ctx);
  *   osft_context_destroy(ctx);
  * @endcode
+ *
+ * @par Non-finite values (NaN, Inf)
+ * No call of this header takes floating-point values (workspace_limit and
+ * allocator sizes are integers); nothing to refuse or propagate.
  */
 #ifndef OSFTRT_CONTEXT_H
 #define OSFTRT_CONTEXT_H

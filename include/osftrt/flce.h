@@ -243,6 +243,17 @@
  * @par Thread safety
  * Threading: a handle belongs to its context; use it from one thread at a
  * time (like the context). Handles on different contexts are independent.
+ *
+ * @par Non-finite values (NaN, Inf)
+ * Option fields: label_smoothing NaN (outside [0, 1]) and a non-finite or
+ * negative z_loss_scale or softcap are refused at osft_flce_create with
+ * OSFT_STATUS_INVALID_ARGUMENT. Tensor values are not checked (targets are
+ * integers and range-checked): NaN/Inf in x, weight, bias, class_weight or
+ * grad_loss propagate into the per-token loss of the affected tokens (an Inf
+ * logit gives NaN), the reduced loss, z_loss and the gradients; the call
+ * succeeds. argmax of a token whose logits are NaN is 0 (NaN never compares
+ * greater), and accuracy counts it as such. Finite but huge values (1e30) are
+ * handled by the max-shifted log-sum-exp without overflow.
  */
 #ifndef OSFTRT_FLCE_H
 #define OSFTRT_FLCE_H

@@ -65,6 +65,18 @@
  *   osft_flinear_backward(layer, &x, &dy, &g);
  *   osft_flinear_destroy(layer);
  * @endcode
+ *
+ * @par Non-finite values (NaN, Inf)
+ * osft_flinear_create_from_weight and osft_flinear_redecompose refuse a weight
+ * with NaN or Inf (with weight = NULL: the merged weight, i.e. non-finite
+ * factors) with OSFT_STATUS_NUMERICAL_ERROR and change nothing.
+ * opts->rank_ratio NaN is refused (OSFT_STATUS_INVALID_ARGUMENT).
+ * osft_flinear_create_from_factors does not read the factor values: non-finite
+ * factors are accepted. osft_flinear_forward, osft_flinear_backward and
+ * osft_flinear_merge propagate: a NaN/Inf in x, grad_y, bias or a factor makes
+ * the affected rows/columns of y, the gradients or the merged weight NaN/Inf
+ * (both strategies), and the call succeeds. Values that overflow the output
+ * dtype (e.g. bf16 beyond 3.39e38) become Inf.
  */
 #ifndef OSFTRT_FLINEAR_H
 #define OSFTRT_FLINEAR_H

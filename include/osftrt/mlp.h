@@ -104,6 +104,14 @@
  *   osft_mlp_backward(mlp, &x, &dy, &g, 0);
  *   osft_mlp_destroy(mlp);
  * @endcode
+ *
+ * @par Non-finite values (NaN, Inf)
+ * Propagates: NaN/Inf in x, grad_y, a weight, a bias or a layer's factors make
+ * the affected token rows (and the weight/bias gradients they contribute to)
+ * non-finite; the call succeeds. Every activation maps NaN to NaN (relu as
+ * torch.relu); for infinite pre-activations the activations give their limits
+ * where those exist (relu(+-inf) = +inf/0, gelu_tanh beyond |z| > 10 = z or
+ * 0), and 0 * Inf products in the GEMMs give NaN.
  */
 #ifndef OSFTRT_MLP_H
 #define OSFTRT_MLP_H

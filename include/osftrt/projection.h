@@ -83,6 +83,16 @@
  *   osft_projector_project_params(proj);
  *   osft_projector_destroy(proj);
  * @endcode
+ *
+ * @par Non-finite values (NaN, Inf)
+ * osft_projector_project and osft_projector_project_params propagate: a
+ * NaN/Inf in a gradient or trainable factor spreads over the coefficient it
+ * enters (e.g. a NaN in dU_low makes that column of the projected dU_low NaN),
+ * frozen factors with NaN/Inf make every projected tensor of their part non-
+ * finite; the call succeeds. osft_projector_orthogonality reports NaN in
+ * *max_u / *max_v when any coefficient of that part is NaN (NaN wins over
+ * every finite value), so a caller can use it as a finiteness check of the
+ * trainable factors.
  */
 #ifndef OSFTRT_PROJECTION_H
 #define OSFTRT_PROJECTION_H

@@ -92,6 +92,18 @@
  *     for (int i = 0; i < 3; ++i)
  *       if (each[i] != OSFT_STATUS_SUCCESS) keep_old_basis[i] = 1;
  * @endcode
+ *
+ * @par Non-finite values (NaN, Inf)
+ * A matrix (batch: A; power iteration: A or the starting Q) with NaN or Inf,
+ * or whose result overflows, is a per-matrix failure:
+ * OSFT_STATUS_NUMERICAL_ERROR in per_matrix_status, its outputs (Q, R; in
+ * place: A) untouched, the others computed; the call returns
+ * OSFT_STATUS_NUMERICAL_ERROR. Entries with n_i = 0 need nothing and their
+ * values are not examined (a power-iteration pair with an m x 0 Q succeeds
+ * even when A has NaN). opts->orthogonality_threshold must be finite and >= 0
+ * and opts->rank_tolerance must not be NaN (OSFT_STATUS_INVALID_ARGUMENT,
+ * nothing written); a negative rank_tolerance, including -INFINITY, turns the
+ * rank check off (a matrix with NaN/Inf still fails).
  */
 #ifndef OSFTRT_QR_H
 #define OSFTRT_QR_H

@@ -26,6 +26,15 @@
  *     return 1;
  *   }
  * @endcode
+ *
+ * @par Non-finite values (NaN, Inf)
+ * OSFT_STATUS_NUMERICAL_ERROR is returned only by the calls that check values:
+ * the SVD of osft_flinear_create_from_weight / osft_flinear_redecompose (NaN
+ * or Inf in the weight, or no convergence) and osft_qr_batch /
+ * osft_qr_power_iteration (per matrix: NaN or Inf, rank deficiency, overflow
+ * of the result). Every other call propagates NaN/Inf into its outputs and
+ * returns OSFT_STATUS_SUCCESS; a trainer that skips bad steps tests the loss
+ * (osft_flce_compute propagates non-finite values into it) or its gradients.
  */
 #ifndef OSFTRT_STATUS_H
 #define OSFTRT_STATUS_H

@@ -42,6 +42,16 @@
  *   w.shape = shape;
  *   w.strides = NULL;                // compact row-major
  * @endcode
+ *
+ * @par Non-finite values (NaN, Inf)
+ * Non-finite values. Validation looks at descriptors, not values: no call
+ * scans a tensor for NaN or Inf unless its header says so. Where a header does
+ * not say otherwise, NaN and Inf in inputs propagate through the arithmetic
+ * (IEEE 754) into the outputs, the call returns OSFT_STATUS_SUCCESS and the
+ * outputs are written. The calls that refuse non-finite input are listed in
+ * flinear.h (decomposition) and qr.h (per matrix); option fields that are
+ * floating-point reject NaN (and Inf where the field says "finite") with
+ * OSFT_STATUS_INVALID_ARGUMENT before anything is written.
  */
 #ifndef OSFTRT_TENSOR_H
 #define OSFTRT_TENSOR_H
