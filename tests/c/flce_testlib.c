@@ -41,94 +41,14 @@ void describe(const flce_case *c, char *buf, size_t size) {
 
 ref_out reference(const flce_case *c, const double *x, const double *w, const double *b,
                   const double *cw, const int64_t *y, const double *gl) {
-  const int64_t m = c->m, h = c->h, v = c->v;
-  const double a = c->smoothing, eps = a / (double)v, lam = c->z_scale, cap = c->softcap;
-  ref_out r;
-  r.tok = calloc((size_t)m + 1, sizeof(double));
-  r.ztok = calloc((size_t)m + 1, sizeof(double));
-  r.logit = calloc((size_t)(m * v) + 1, sizeof(double));
-  r.dx = calloc((size_t)(m * h) + 1, sizeof(double));
-  r.dw = calloc((size_t)(v * h) + 1, sizeof(double));
-  r.db = calloc((size_t)v + 1, sizeof(double));
-  double *g = calloc((size_t)(m * v) + 1, sizeof(double));
-  double *chain = calloc((size_t)v + 1, sizeof(double));
-  double wsum = 0, denom = 0, count = 0;
-  for (int64_t j = 0; j < v; ++j) wsum += cw ? cw[j] : 1.0;
-  for (int64_t i = 0; i < m; ++i)
-    if (y[i] != c->ignore_index) denom += cw ? cw[y[i]] : 1.0;
-  for (int64_t i = 0; i < m; ++i) count += y[i] != c->ignore_index;
-  for (int64_t i = 0; i < m; ++i) {
-    double *z = r.logit + i * v;
-    double mx = -INFINITY;
-    for (int64_t j = 0; j < v; ++j) {
-      double s = b ? b[j] : 0.0;
-      for (int64_t k = 0; k < h; ++k) s += x[i * h + k] * w[j * h + k];
-      chain[j] = 1.0;
-      if (cap > 0) {
-        const double t = tanh(s / cap);
-        s = cap * t;
-        chain[j] = 1.0 - t * t;
-      }
-      z[j] = s;
-      if (s > mx) mx = s;
-    }
-    if (y[i] == c->ignore_index) continue;
-    double se = 0, wz = 0;
-    for (int64_t j = 0; j < v; ++j) {
-      se += exp(z[j] - mx);
-      wz += (cw ? cw[j] : 1.0) * z[j];
-    }
-    const double lse = mx + log(se), wy = cw ? cw[y[i]] : 1.0;
-    r.ztok[i] = lam * lse * lse;
-    r.tok[i] = (1 - a) * wy * (lse - z[y[i]]) + eps * (lse * wsum - wz) + r.ztok[i];
-    /* MEAN: the cross-entropy part over denom, the z-loss part over count */
-    double scale, zscale;
-    if (c->reduction == OSFT_FLCE_NONE) {
-      scale = zscale = gl ? gl[i] : 1.0;
-    } else {
-      scale = (gl ? gl[0] : 1.0) *
-              (c->reduction == OSFT_FLCE_MEAN ? (denom > 0 ? 1.0 / denom : 0.0) : 1.0);
-      zscale = (gl ? gl[0] : 1.0) *
-               (c->reduction == OSFT_FLCE_MEAN ? (count > 0 ? 1.0 / count : 0.0) : 1.0);
-    }
-    const double big_a = scale * ((1 - a) * wy + eps * wsum) + zscale * 2 * lam * lse;
-    for (int64_t j = 0; j < v; ++j) {
-      const double p = exp(z[j] - lse);
-      double d = big_a * p -
-                 scale * (eps * (cw ? cw[j] : 1.0) + (j == y[i] ? (1 - a) * wy : 0.0));
-      g[i * v + j] = d * chain[j];
-    }
-  }
-  r.loss = r.z = 0;
-  for (int64_t i = 0; i < m; ++i) {
-    r.loss += r.tok[i];
-    r.z += r.ztok[i];
-  }
-  if (c->reduction == OSFT_FLCE_MEAN) {
-    r.loss = (denom > 0 ? (r.loss - r.z) / denom : 0.0) + (count > 0 ? r.z / count : 0.0);
-    r.z = count > 0 ? r.z / count : 0.0;
-  }
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < v; ++j) {
-      const double gij = g[i * v + j];
-      r.db[j] += gij;
-      for (int64_t k = 0; k < h; ++k) {
-        r.dx[i * h + k] += gij * w[j * h + k];
-        r.dw[j * h + k] += gij * x[i * h + k];
-      }
-    }
-  free(g);
-  free(chain);
-  return r;
+  const flce_ref_problem p = {
+      c->m,         c->h,       c->v,       x,           w, b, cw, y, gl, c->ignore_index,
+      c->smoothing, c->z_scale, c->softcap, c->reduction};
+  return flce_ref_compute(&p);
 }
 
 void ref_free(ref_out *r) {
-  free(r->tok);
-  free(r->ztok);
-  free(r->logit);
-  free(r->dx);
-  free(r->dw);
-  free(r->db);
+  flce_ref_free(r);
 }
 
 tt *mat(tt_dtype d, int64_t rows, int64_t cols) {

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "flce_ref.h"
 #include "test_tensors.h"
 #include "test_util.h"
 
@@ -53,16 +54,12 @@ void describe(const flce_case *c, char *buf, size_t size);
 
 /* ------------------------------------------------------------ reference */
 
-typedef struct {
-  double *tok;    /* m per-token losses */
-  double *ztok;   /* m per-token z-losses */
-  double *logit;  /* m x v final logits */
-  double loss, z; /* reduced (MEAN / SUM) */
-  double *dx, *dw, *db;
-} ref_out;
+/* tok, ztok, logit (m x v), loss and z (MEAN / SUM reduced), dx, dw, db:
+ * see flce_ref.h. */
+typedef flce_ref ref_out;
 
 /* Everything in float64 with plain loops, straight from the formulas of
- * osftrt/flce.h. */
+ * osftrt/flce.h (flce_ref_compute on the case's options). */
 ref_out reference(const flce_case *c, const double *x, const double *w, const double *b,
                   const double *cw, const int64_t *y, const double *gl);
 

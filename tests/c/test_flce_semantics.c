@@ -1,7 +1,7 @@
 /*
  * Fused linear cross-entropy: the loss semantics of every option
- * combination (issue 17), against a float64 reference written here from the
- * formulas of osftrt/flce.h:
+ * combination (issue 17), against the float64 reference of flce_ref.h
+ * (shared with the other flce tests), from the formulas of osftrt/flce.h:
  *
  *   ce_i = (1 - a) w_y (lse - z_y) + (a / V) (lse sum_j w_j - sum_j w_j z_j)
  *   zl_i = lambda lse^2                   (never times a class weight)
@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "flce_ref.h"
 #include "test_fixture.h"
 #include "test_tensors.h"
 #include "test_util.h"
@@ -108,85 +109,27 @@ static void make_problem(const sem_case *c, problem *p) {
 
 /* ------------------------------------------------------------ reference */
 
-typedef struct {
-  double loss[M], z[M]; /* element 0 unless NONE */
-  double tok[M];        /* the per-token losses ce_i + zl_i (0 when ignored) */
-  double dx[M * H], dw[V * H], db[V];
-} reference;
-
-static double weight_of(const sem_case *c, const problem *p, int64_t j) {
-  return c->cw ? p->cw[j] : 1.0;
-}
-
-static void compute_reference(const sem_case *c, const problem *p, reference *r) {
-  memset(r, 0, sizeof *r);
-  const int64_t ign = ignore_index(c);
-  const double a = c->smooth ? kSmoothing : 0.0, eps = a / V;
-  const double lam = c->zloss ? kZScale : 0.0, cap = c->cap ? kSoftcap : 0.0;
-  double wsum = 0.0, d = 0.0, n = 0.0, sum_ce = 0.0, sum_z = 0.0, ztok[M] = {0};
-  for (int j = 0; j < V; ++j) wsum += weight_of(c, p, j);
-  for (int i = 0; i < M; ++i)
-    if (p->y[i] != ign) {
-      d += weight_of(c, p, p->y[i]);
-      n += 1.0;
-    }
-  for (int i = 0; i < M; ++i) {
-    if (p->y[i] == ign) continue;
-    const int64_t y = p->y[i];
-    double z[V], chain[V], mx = -INFINITY;
-    for (int j = 0; j < V; ++j) {
-      double s = c->bias ? p->b[j] : 0.0;
-      for (int k = 0; k < H; ++k) s += p->x[i * H + k] * p->w[j * H + k];
-      chain[j] = 1.0;
-      if (cap > 0.0) {
-        const double t = tanh(s / cap);
-        s = cap * t;
-        chain[j] = 1.0 - t * t;
-      }
-      z[j] = s;
-      mx = s > mx ? s : mx;
-    }
-    double se = 0.0, wz = 0.0;
-    for (int j = 0; j < V; ++j) {
-      se += exp(z[j] - mx);
-      wz += weight_of(c, p, j) * z[j];
-    }
-    const double lse = mx + log(se), wy = weight_of(c, p, y);
-    const double ce = (1 - a) * wy * (lse - z[y]) + eps * (lse * wsum - wz);
-    ztok[i] = lam * lse * lse;
-    r->tok[i] = ce + ztok[i];
-    sum_ce += ce;
-    sum_z += ztok[i];
-    /* the gradient scales of the two parts */
-    const double up = c->upstream ? (c->red == OSFT_FLCE_NONE ? p->gl[i] : 0.7) : 1.0;
-    double s_ce = up, s_z = up;
-    if (c->red == OSFT_FLCE_MEAN) {
-      s_ce = d > 0.0 ? up / d : 0.0;
-      s_z = n > 0.0 ? up / n : 0.0;
-    }
-    for (int j = 0; j < V; ++j) {
-      const double pj = exp(z[j] - lse);
-      const double dce = (1 - a) * wy * (pj - (j == y ? 1.0 : 0.0)) +
-                         eps * (wsum * pj - weight_of(c, p, j));
-      const double dz = 2.0 * lam * lse * pj;
-      const double g = (s_ce * dce + s_z * dz) * chain[j];
-      r->db[j] += g;
-      for (int k = 0; k < H; ++k) {
-        r->dx[i * H + k] += g * p->w[j * H + k];
-        r->dw[j * H + k] += g * p->x[i * H + k];
-      }
-    }
-  }
-  if (c->red == OSFT_FLCE_NONE) {
-    memcpy(r->loss, r->tok, sizeof r->loss);
-    memcpy(r->z, ztok, sizeof r->z);
-  } else if (c->red == OSFT_FLCE_MEAN) {
-    r->loss[0] = (d > 0.0 ? sum_ce / d : 0.0) + (n > 0.0 ? sum_z / n : 0.0);
-    r->z[0] = n > 0.0 ? sum_z / n : 0.0;
-  } else {
-    r->loss[0] = sum_ce + sum_z;
-    r->z[0] = sum_z;
-  }
+/* The float64 reference of flce_ref.h on this case's switches (the scalar
+ * upstream gradient is 0.7, as the call passes it). */
+static flce_ref compute_reference(const sem_case *c, const problem *p) {
+  static const double seven = 0.7;
+  const flce_ref_problem q = {.m = M,
+                              .h = H,
+                              .v = V,
+                              .x = p->x,
+                              .w = p->w,
+                              .bias = c->bias ? p->b : NULL,
+                              .class_weight = c->cw ? p->cw : NULL,
+                              .targets = p->y,
+                              .grad_loss = !c->upstream               ? NULL
+                                           : c->red == OSFT_FLCE_NONE ? p->gl
+                                                                      : &seven,
+                              .ignore_index = ignore_index(c),
+                              .label_smoothing = c->smooth ? kSmoothing : 0.0,
+                              .z_loss_scale = c->zloss ? kZScale : 0.0,
+                              .softcap = c->cap ? kSoftcap : 0.0,
+                              .reduction = c->red};
+  return flce_ref_compute(&q);
 }
 
 /* ------------------------------------------------------------ checks */
@@ -278,8 +221,7 @@ static void run_case(osft_context_t ctx, const sem_case *c, kept *keep) {
   describe(c, name, sizeof name);
   problem p;
   make_problem(c, &p);
-  reference r;
-  compute_reference(c, &p, &r);
+  flce_ref r = compute_reference(c, &p);
 
   osft_flce_options_t o;
   assert_ok(OSFT_FLCE_OPTIONS_INIT(&o));
@@ -344,8 +286,8 @@ static void run_case(osft_context_t ctx, const sem_case *c, kept *keep) {
   if (st != OSFT_STATUS_SUCCESS) {
     failure("FAIL compute (%s): %s: %s", name, osft_status_string(st), osft_last_error());
   } else {
-    expect_output(c, "loss", name, loss, r.loss, 0);
-    expect_output(c, "z_loss", name, z, r.z, 0);
+    expect_output(c, "loss", name, loss, per_token ? r.tok : &r.loss, 0);
+    expect_output(c, "z_loss", name, z, per_token ? r.ztok : &r.z, 0);
     expect_output(c, "token_loss", name, tok, r.tok, 0);
     expect_output(c, "grad_x", name, dx, r.dx, 1);
     expect_output(c, "grad_weight", name, dw, r.dw, 1);
@@ -359,6 +301,7 @@ static void run_case(osft_context_t ctx, const sem_case *c, kept *keep) {
     }
   }
   assert_ok(osft_flce_destroy(f));
+  flce_ref_free(&r);
   tt *all[] = {x, w, y, b, cw, gl, loss, z, tok, dx, dw, db};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
     if (all[i] != NULL) tt_free(all[i]);

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../c/flce_ref.h"
 #include "mpi_check.h"
 #include "osftrt/osftrt.h"
 
@@ -74,68 +75,15 @@ static void make_problem(problem *p, uint64_t seed) {
   p->y[5] = 0;
 }
 
-/* The float64 reference of the full problem, straight from the formulas in
- * osftrt/flce.h. */
-typedef struct {
-  double tok[M], ztok[M], logit[M * V];
-  double loss, z;
-  double dx[M * H], dw[V * H], db[V];
-} reference;
-
-static void compute_reference(const problem *p, osft_flce_reduction_t red, int upstream,
-                              reference *r) {
-  memset(r, 0, sizeof *r);
-  const double a = kSmoothing, eps = a / V, lam = kZScale, cap = kSoftcap;
-  double wsum = 0, denom = 0, count = 0, chain[V];
-  for (int j = 0; j < V; ++j) wsum += p->cw[j];
-  for (int i = 0; i < M; ++i)
-    if (p->y[i] != IGNORE) denom += p->cw[p->y[i]];
-  for (int i = 0; i < M; ++i) count += p->y[i] != IGNORE;
-  for (int i = 0; i < M; ++i) {
-    double *z = r->logit + i * V, mx = -INFINITY;
-    for (int j = 0; j < V; ++j) {
-      double s = p->b[j];
-      for (int k = 0; k < H; ++k) s += p->x[i * H + k] * p->w[j * H + k];
-      const double t = tanh(s / cap);
-      z[j] = cap * t;
-      chain[j] = 1 - t * t;
-      mx = z[j] > mx ? z[j] : mx;
-    }
-    if (p->y[i] == IGNORE) continue;
-    double se = 0, wz = 0;
-    for (int j = 0; j < V; ++j) {
-      se += exp(z[j] - mx);
-      wz += p->cw[j] * z[j];
-    }
-    const double lse = mx + log(se), wy = p->cw[p->y[i]];
-    r->ztok[i] = lam * lse * lse;
-    r->tok[i] = (1 - a) * wy * (lse - z[p->y[i]]) + eps * (lse * wsum - wz) + r->ztok[i];
-    /* MEAN: the cross-entropy part over denom, the z-loss part over count */
-    double scale = upstream ? p->gl[i] : 1.0, zscale = scale;
-    if (red != OSFT_FLCE_NONE) {
-      scale = (upstream ? 0.7 : 1.0) * (red == OSFT_FLCE_MEAN ? 1.0 / denom : 1.0);
-      zscale = (upstream ? 0.7 : 1.0) * (red == OSFT_FLCE_MEAN ? 1.0 / count : 1.0);
-    }
-    const double big_a = scale * ((1 - a) * wy + eps * wsum) + zscale * 2 * lam * lse;
-    for (int j = 0; j < V; ++j) {
-      double d = big_a * exp(z[j] - lse) - scale * eps * p->cw[j];
-      if (j == p->y[i]) d -= scale * (1 - a) * wy;
-      const double g = d * chain[j];
-      r->db[j] += g;
-      for (int k = 0; k < H; ++k) {
-        r->dx[i * H + k] += g * p->w[j * H + k];
-        r->dw[j * H + k] += g * p->x[i * H + k];
-      }
-    }
-  }
-  for (int i = 0; i < M; ++i) {
-    r->loss += r->tok[i];
-    r->z += r->ztok[i];
-  }
-  if (red == OSFT_FLCE_MEAN) {
-    r->loss = (r->loss - r->z) / denom + r->z / count;
-    r->z /= count;
-  }
+/* The float64 reference of the full problem (flce_ref.h): every option on,
+ * the scalar upstream gradient 0.7 as the call passes it. */
+static flce_ref full_reference(const problem *p, osft_flce_reduction_t red,
+                               int upstream) {
+  static const double up = 0.7;
+  const double *gl = !upstream ? NULL : red == OSFT_FLCE_NONE ? p->gl : &up;
+  const flce_ref_problem q = {M,    H,  V,      p->x,       p->w,    p->b,     p->cw,
+                              p->y, gl, IGNORE, kSmoothing, kZScale, kSoftcap, red};
+  return flce_ref_compute(&q);
 }
 
 /* ------------------------------------------------------------ tensors */
@@ -312,7 +260,7 @@ static osft_flce_t make_flce(const variant *v, int64_t off, int64_t global) {
 
 /* The argmax is a class with the largest reference logit (a near tie may
  * pick either), the accuracy agrees with it. */
-static void check_argmax(const call *c, const problem *p, const reference *r,
+static void check_argmax(const call *c, const problem *p, const flce_ref *r,
                          const char *name) {
   const int64_t *am = c->amax.t.data;
   int64_t correct = 0, valid = 0;
@@ -335,9 +283,9 @@ static void check_argmax(const call *c, const problem *p, const reference *r,
 static void run_variant(const variant *v) {
   const int before = g_failures;
   problem *p = malloc(sizeof *p);
-  reference *r = malloc(sizeof *r);
   make_problem(p, 7);
-  compute_reference(p, v->reduction, v->upstream, r);
+  flce_ref ref = full_reference(p, v->reduction, v->upstream);
+  const flce_ref *r = &ref;
   call c;
   call_init(&c, p, v);
   /* accumulated gradients start from values; grad_x's from rank 0 only
@@ -415,7 +363,7 @@ static void run_variant(const variant *v) {
   free(dw0);
   free(db0);
   free(p);
-  free(r);
+  flce_ref_free(&ref);
   report(v->name, before);
 }
 

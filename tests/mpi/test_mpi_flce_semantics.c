@@ -3,8 +3,8 @@
  * (issue 17), over real MPI processes (run by run_mpi_test.sh with P = 2
  * and 3): W, bias and class weights sharded unevenly over V = 37 classes,
  * M = 24 tokens, H = 16, fp32. Against a float64 reference of the FULL
- * problem (every rank computes it from the same seed), from the formulas of
- * osftrt/flce.h:
+ * problem (every rank computes it from the same seed; tests/c/flce_ref.h),
+ * from the formulas of osftrt/flce.h:
  *
  *   MEAN: sum_i ce_i / D + sum_i zl_i / N   (D: sum of w_y, N: count, both
  *         global totals over the tokens not ignored); z_loss sum_i zl_i / N
@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../c/flce_ref.h"
 #include "mpi_check.h"
 #include "osftrt/osftrt.h"
 
@@ -141,82 +142,19 @@ static void make_problem(const sem_case *c, uint64_t seed, problem *p) {
 
 /* ------------------------------------------------------------ reference */
 
-typedef struct {
-  double loss[M], z[M], tok[M]; /* loss, z: element 0 unless NONE */
-  double dx[M * H], dw[V * H], db[V];
-} reference;
-
-static double weight_of(const sem_case *c, const problem *p, int64_t j) {
-  return c->cw ? p->cw[j] : 1.0;
-}
-
-static void compute_reference(const sem_case *c, const problem *p, reference *r) {
-  memset(r, 0, sizeof *r);
-  const int64_t ign = ignore_index(c);
-  const double a = c->smooth ? kSmoothing : 0.0, eps = a / V;
-  const double lam = c->zloss ? kZScale : 0.0, cap = c->cap ? kSoftcap : 0.0;
-  double wsum = 0.0, d = 0.0, n = 0.0, sum_ce = 0.0, sum_z = 0.0, ztok[M] = {0};
-  for (int j = 0; j < V; ++j) wsum += weight_of(c, p, j);
-  for (int i = 0; i < M; ++i)
-    if (p->y[i] != ign) {
-      d += weight_of(c, p, p->y[i]);
-      n += 1.0;
-    }
-  for (int i = 0; i < M; ++i) {
-    if (p->y[i] == ign) continue;
-    const int64_t y = p->y[i];
-    double z[V], chain[V], mx = -INFINITY;
-    for (int j = 0; j < V; ++j) {
-      double s = c->bias ? p->b[j] : 0.0;
-      for (int k = 0; k < H; ++k) s += p->x[i * H + k] * p->w[j * H + k];
-      chain[j] = 1.0;
-      if (cap > 0.0) {
-        const double t = tanh(s / cap);
-        s = cap * t;
-        chain[j] = 1.0 - t * t;
-      }
-      z[j] = s;
-      mx = s > mx ? s : mx;
-    }
-    double se = 0.0, wz = 0.0;
-    for (int j = 0; j < V; ++j) {
-      se += exp(z[j] - mx);
-      wz += weight_of(c, p, j) * z[j];
-    }
-    const double lse = mx + log(se), wy = weight_of(c, p, y);
-    const double ce = (1 - a) * wy * (lse - z[y]) + eps * (lse * wsum - wz);
-    ztok[i] = lam * lse * lse;
-    r->tok[i] = ce + ztok[i];
-    sum_ce += ce;
-    sum_z += ztok[i];
-    const double up = c->upstream ? (c->red == OSFT_FLCE_NONE ? p->gl[i] : 0.7) : 1.0;
-    double s_ce = up, s_z = up;
-    if (c->red == OSFT_FLCE_MEAN) {
-      s_ce = d > 0.0 ? up / d : 0.0;
-      s_z = n > 0.0 ? up / n : 0.0;
-    }
-    for (int j = 0; j < V; ++j) {
-      const double pj = exp(z[j] - lse);
-      const double dce = (1 - a) * wy * (pj - (j == y ? 1.0 : 0.0)) +
-                         eps * (wsum * pj - weight_of(c, p, j));
-      const double g = (s_ce * dce + s_z * 2.0 * lam * lse * pj) * chain[j];
-      r->db[j] += g;
-      for (int k = 0; k < H; ++k) {
-        r->dx[i * H + k] += g * p->w[j * H + k];
-        r->dw[j * H + k] += g * p->x[i * H + k];
-      }
-    }
-  }
-  if (c->red == OSFT_FLCE_NONE) {
-    memcpy(r->loss, r->tok, sizeof r->loss);
-    memcpy(r->z, ztok, sizeof r->z);
-  } else if (c->red == OSFT_FLCE_MEAN) {
-    r->loss[0] = (d > 0.0 ? sum_ce / d : 0.0) + (n > 0.0 ? sum_z / n : 0.0);
-    r->z[0] = n > 0.0 ? sum_z / n : 0.0;
-  } else {
-    r->loss[0] = sum_ce + sum_z;
-    r->z[0] = sum_z;
-  }
+/* The float64 reference of the FULL problem (flce_ref.h) on this case's
+ * switches; the scalar upstream gradient is 0.7, as the call passes it. */
+static flce_ref full_reference(const sem_case *c, const problem *p) {
+  static const double up = 0.7;
+  const double *gl = !c->upstream ? NULL : c->red == OSFT_FLCE_NONE ? p->gl : &up;
+  flce_ref_problem q = {M, H, V, p->x, p->w, NULL, NULL, p->y, gl, ignore_index(c)};
+  q.bias = c->bias ? p->b : NULL;
+  q.class_weight = c->cw ? p->cw : NULL;
+  q.label_smoothing = c->smooth ? kSmoothing : 0.0;
+  q.z_loss_scale = c->zloss ? kZScale : 0.0;
+  q.softcap = c->cap ? kSoftcap : 0.0;
+  q.reduction = c->red;
+  return flce_ref_compute(&q);
 }
 
 /* ------------------------------------------------------------ tensors */
@@ -270,9 +208,8 @@ static void run_case(const sem_case *c, double *keep) {
   char name[256];
   describe(c, name, sizeof name);
   problem *p = malloc(sizeof *p);
-  reference *r = malloc(sizeof *r);
   make_problem(c, 1000 + (uint64_t)c->n_ignored * 7 + (uint64_t)c->red, p);
-  compute_reference(c, p, r);
+  flce_ref r = full_reference(c, p);
   int64_t off = 0, vp = 0;
   shards(&off, &vp);
 
@@ -333,12 +270,12 @@ static void run_case(const sem_case *c, double *keep) {
         osft_last_error());
   if (st == OSFT_STATUS_SUCCESS) {
     const int64_t nl = per_token ? M : 1;
-    expect_allclose("loss", name, &loss, r->loss, nl);
-    expect_allclose("z_loss", name, &z, r->z, nl);
-    expect_allclose("token_loss", name, &tok, r->tok, M);
-    expect_allclose("grad_x", name, &dx, r->dx, M * H);
-    expect_allclose("grad_weight slice", name, &dw, r->dw + off * H, vp * H);
-    if (c->bias) expect_allclose("grad_bias slice", name, &db, r->db + off, vp);
+    expect_allclose("loss", name, &loss, per_token ? r.tok : &r.loss, nl);
+    expect_allclose("z_loss", name, &z, per_token ? r.ztok : &r.z, nl);
+    expect_allclose("token_loss", name, &tok, r.tok, M);
+    expect_allclose("grad_x", name, &dx, r.dx, M * H);
+    expect_allclose("grad_weight slice", name, &dw, r.dw + off * H, vp * H);
+    if (c->bias) expect_allclose("grad_bias slice", name, &db, r.db + off, vp);
     if (keep != NULL) {
       keep[0] = ((const float *)loss.t.data)[0];
       keep[1] = ((const float *)z.t.data)[0];
@@ -349,7 +286,7 @@ static void run_case(const sem_case *c, double *keep) {
   tensor *all[] = {&x, &w, &b, &cw, &y, &gl, &loss, &z, &tok, &dx, &dw, &db};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) free(all[i]->t.data);
   free(p);
-  free(r);
+  flce_ref_free(&r);
 }
 
 static sem_case base_case(osft_flce_reduction_t red) {
