@@ -130,6 +130,39 @@ size_t f32_bytes(const Mat &m) {
   return (b + 63) / 64 * 64;
 }
 
+/* C = alpha op(A) op(B) + beta C straight from the operands' own dtypes,
+ * accumulated in fp32 like the BLAS path, with no memory of its own: the
+ * path of a GEMM whose fp32 staging could not be allocated, so that an
+ * operation that already wrote some outputs never fails halfway (the
+ * staging grows on the first call with new shapes). Slow, and only taken
+ * when the allocator refuses. */
+void gemm_unstaged(Op op_a, const Mat &a, Op op_b, const Mat &b, float alpha, float beta,
+                   const Mat &c) {
+  const int64_t k = op_a == Op::N ? a.cols : a.rows;
+  with_type(a.dtype, [&](auto a_tag) {
+    with_type(c.dtype, [&](auto c_tag) {
+      using A = typename decltype(a_tag)::type; /* A and B share a dtype */
+      using C = typename decltype(c_tag)::type;
+      const auto *pa = static_cast<const A *>(a.data);
+      const auto *pb = static_cast<const A *>(b.data);
+      auto *pc = static_cast<C *>(c.data);
+      for (int64_t i = 0; i < c.rows; ++i)
+        for (int64_t j = 0; j < c.cols; ++j) {
+          float acc = 0.0f;
+          for (int64_t l = 0; l < k; ++l) {
+            const A x = op_a == Op::N ? pa[at(a, i, l)] : pa[at(a, l, i)];
+            const A y = op_b == Op::N ? pb[at(b, l, j)] : pb[at(b, j, l)];
+            acc +=
+                static_cast<float>(widen_value(x)) * static_cast<float>(widen_value(y));
+          }
+          float v = alpha * acc;
+          if (beta != 0.0f) v += beta * static_cast<float>(widen_value(pc[at(c, i, j)]));
+          narrow_value(pc + at(c, i, j), v);
+        }
+    });
+  });
+}
+
 void cpu_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float alpha,
               float beta, const Mat &c) {
   const int64_t k = op_a == Op::N ? a.cols : a.rows;
@@ -138,10 +171,16 @@ void cpu_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float 
   /* The fp32 copies of bf16 operands, from the context's kernel scratch
    * (kept between calls: a steady state allocates nothing). */
   const size_t na = f32_bytes(a), nb = f32_bytes(b), nc = f32_bytes(c);
-  char *staging =
-      na + nb + nc == 0
-          ? nullptr
-          : static_cast<char *>(kernel_scratch(ctx, na + nb + nc, "gemm fp32 staging"));
+  char *staging = nullptr;
+  if (na + nb + nc > 0) {
+    try {
+      staging =
+          static_cast<char *>(kernel_scratch(ctx, na + nb + nc, "gemm fp32 staging"));
+    } catch (const Error &e) {
+      if (e.status() != OSFT_STATUS_OUT_OF_MEMORY) throw;
+      return gemm_unstaged(op_a, a, op_b, b, alpha, beta, c);
+    }
+  }
   const F32View av = as_f32(a, reinterpret_cast<float *>(staging));
   const F32View bv = as_f32(b, reinterpret_cast<float *>(staging + na));
   float *cp = static_cast<float *>(c.data);

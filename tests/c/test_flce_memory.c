@@ -93,11 +93,41 @@ static void test_memory_is_returned(void **state) {
   tt_expect_all_returned(&a);
 }
 
+/* A refused allocation in the middle of a call: the bf16 GEMMs' fp32
+ * staging grows during the first call with new shapes, after some outputs
+ * were written. Refusing the call's last allocation (the largest staging)
+ * must not fail it halfway: the GEMM then computes without staging, and
+ * every output still matches the float64 reference. */
+static void test_refused_staging_still_computes(void **state) {
+  (void)state;
+  if (tt_device() != OSFT_DEVICE_CPU) skip(); /* the CPU GEMM's staging */
+  flce_case c = base_case(30, 5, 17, TT_BF16);
+  c.bias = 1;
+  c.chunk_rows = 8;
+  c.grad_b_dtype = TT_BF16;
+  test_alloc_state a;
+  osft_context_t ctx = tt_counting_context(&a);
+  run_case(ctx, &c);
+  const long allocs = a.host_allocs; /* those of one first call, all granted */
+  assert_ok(osft_context_destroy(ctx));
+  assert_true(allocs > 1);
+
+  ctx = tt_counting_context(&a);
+  /* The same sequence (the context's own blocks are counted already): its
+   * last allocation is refused. */
+  a.fail_host_after = allocs - 1 - a.host_allocs;
+  run_case(ctx, &c); /* succeeds, checked against float64 */
+  assert_true(a.host_allocs < allocs);
+  assert_ok(osft_context_destroy(ctx));
+  tt_expect_all_returned(&a);
+}
+
 int main(void) {
   if (!tt_device_present()) return OSFT_TEST_SKIP;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_budget_and_plan, tt_setup, tt_teardown),
       cmocka_unit_test(test_memory_is_returned),
+      cmocka_unit_test(test_refused_staging_still_computes),
   };
   return cmocka_run_group_tests_name("flce_memory", tests, NULL, NULL);
 }

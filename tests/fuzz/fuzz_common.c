@@ -593,21 +593,7 @@ static size_t first_diff(const uint8_t *a, const uint8_t *b, size_t n) {
   return n;
 }
 
-/* Known, recorded library bug (tests/fuzz/README.md, "Known findings"):
- * the CPU GEMM's bf16 widening temporaries are allocated per GEMM, after
- * earlier outputs were written, so a refusing caller allocator makes a
- * call fail with OSFT_STATUS_OUT_OF_MEMORY after a partial write. Tolerated
- * (outputs not compared) unless FZ_STRICT=1. */
-static int known_partial_write(void) {
-  static int strict = -1;
-  if (strict < 0) strict = getenv("FZ_STRICT") != NULL && getenv("FZ_STRICT")[0] == '1';
-  const char *m = osft_last_error();
-  return !strict && (strstr(m, "cpu scratch: host allocation") != NULL ||
-                     strstr(m, "gemm fp32 staging: host allocation") != NULL);
-}
-
 void fz_check_tensors(fz_pool *pool, int failed, const char *call) {
-  if (failed && known_partial_write()) failed = 0; /* inputs are still checked */
   for (fz_tensor *t = pool->head; t; t = t->next) {
     if (t->bytes == 0) continue;
     if (t->role != FZ_IN && !failed) continue;
