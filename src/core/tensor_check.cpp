@@ -173,9 +173,10 @@ osft_status_t check_layout(const DLTensor *t, const osfti_tensor_spec &s) {
   const uintptr_t first = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
   if (first % elem != 0)
     return osfti_set_error(OSFT_STATUS_BAD_LAYOUT,
-                           "%s: data + byte_offset (%llu) is not aligned to its "
+                           "%s: data + byte_offset (%p + %llu) is not aligned to its "
                            "%zu-byte elements",
-                           s.name, static_cast<unsigned long long>(t->byte_offset), elem);
+                           s.name, t->data,
+                           static_cast<unsigned long long>(t->byte_offset), elem);
   const bool ok =
       s.layout == OSFTI_LAYOUT_CONTIGUOUS ? is_compact(t) : has_padded_rows(t);
   if (ok && !extent_fits(t, static_cast<int64_t>(elem)))
