@@ -8,8 +8,10 @@
  *                  two backward GEMMs: what an unfused framework runs. On the
  *                  CPU plain C over OpenBLAS; on CUDA osft_flce_compute with
  *                  one chunk of M rows;
- * and osft_flce_compute with the default budget and with a tight one (1/D of
- * the M x V fp32 logits, D = 4 by default).
+ * and osft_flce_compute with the default budget, with a tight one (the
+ * call's fixed scratch plus 1/D of the M x V fp32 logits, D = 4 by default),
+ * and with the default budget and OSFT_FLCE_ACCUMULATOR_OUTPUT (grad_W summed
+ * in bf16 over the chunks: Liger-Kernel's default, and its memory).
  *
  *   bench_flce [--device cpu|cuda] [--scale S] [--reps R] [--budget-div D]
  *              [--csv FILE]
@@ -142,10 +144,10 @@ static void problem_free(problem *p) {
 
 /* Loss as a float on the host. */
 static float loss_of(const problem *p) {
-  float l = *p->loss;
+  float l = 0.0f;
+  if (!p->cuda) return *p->loss;
 #ifdef OSFT_BENCH_CUDA
-  if (p->cuda)
-    cuda_check(cudaMemcpy(&l, p->loss, 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  cuda_check(cudaMemcpy(&l, p->loss, 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
 #endif
   return l;
 }
@@ -251,7 +253,8 @@ static DLTensor tensor(const problem *p, void *data, DLDataTypeCode code, int bi
 
 /* The op on its own context, with a budget (0: default) and chunk rows (0:
  * from the budget). */
-static void setup_fused(fused_setup *f, problem *p, size_t budget, int64_t chunk_rows) {
+static void setup_fused(fused_setup *f, problem *p, size_t budget, int64_t chunk_rows,
+                        osft_flce_accumulator_t accumulator) {
   osft_context_options_t co;
   CHECK(OSFT_CONTEXT_OPTIONS_INIT(&co));
   co.device_type = p->cuda ? OSFT_DEVICE_CUDA : OSFT_DEVICE_CPU;
@@ -260,6 +263,7 @@ static void setup_fused(fused_setup *f, problem *p, size_t budget, int64_t chunk
   CHECK(OSFT_FLCE_OPTIONS_INIT(&o));
   o.memory_budget = budget;
   o.chunk_rows = chunk_rows;
+  o.accumulator = accumulator;
   CHECK(osft_flce_create(f->ctx, &o, &f->flce));
   f->xs[0] = f->ys[0] = p->m;
   f->xs[1] = f->ws[1] = p->h;
@@ -302,13 +306,27 @@ static void teardown_fused(fused_setup *f) {
   CHECK(osft_context_destroy(f->ctx));
 }
 
+/* The tight budget: the call's fixed scratch (e.g. the fp32 grad_W
+ * accumulator) plus 1/div of the M x V fp32 logits, read off two plans. */
+static size_t tight_budget(problem *p, int div) {
+  fused_setup all, half;
+  setup_fused(&all, p, SIZE_MAX / 2, p->m, OSFT_FLCE_ACCUMULATOR_FP32);
+  setup_fused(&half, p, SIZE_MAX / 2, p->m / 2, OSFT_FLCE_ACCUMULATOR_FP32);
+  const size_t rows = (size_t)(all.plan.chunk_rows - half.plan.chunk_rows);
+  const size_t per_row = (size_t)(all.plan.scratch_bytes - half.plan.scratch_bytes) / rows;
+  const size_t fixed = (size_t)all.plan.scratch_bytes - per_row * (size_t)p->m;
+  teardown_fused(&all);
+  teardown_fused(&half);
+  return fixed + (size_t)p->m * (size_t)p->v * sizeof(float) / (size_t)div;
+}
+
 /* -------------------------------------------------------------- timing */
 
-enum { GEMMS, MATERIALIZED, FUSED, TIGHT, VARIANTS };
+enum { GEMMS, MATERIALIZED, FUSED, TIGHT, OUT_ACC, VARIANTS };
 
 typedef struct {
   problem *p;
-  fused_setup *one_chunk, *def, *tight;
+  fused_setup *one_chunk, *def, *tight, *out_acc;
 } bench_case;
 
 static void run_variant(bench_case *b, int variant) {
@@ -321,7 +339,8 @@ static void run_variant(bench_case *b, int variant) {
         materialized_cpu(b->p);
       break;
     case FUSED: fused(b->def); break;
-    default: fused(b->tight); break;
+    case TIGHT: fused(b->tight); break;
+    default: fused(b->out_acc); break;
   }
 }
 
@@ -347,6 +366,50 @@ static void time_all(bench_case *b, int reps, double *out) {
       t[v][r] = now_ms() - t0;
     }
   for (int v = 0; v < VARIANTS; ++v) out[v] = median(t[v], reps);
+}
+
+/* One shape: every variant timed, the losses compared, a table row. */
+static void bench_shape(problem *p, int reps, int budget_div, FILE *csv) {
+  const int cuda = p->cuda;
+  const double mxv_mib = (double)p->m * p->v * sizeof(float) / (1 << 20);
+  const size_t tight = tight_budget(p, budget_div);
+  fused_setup one, def, tgt, out;
+  if (cuda) setup_fused(&one, p, SIZE_MAX / 2, p->m, OSFT_FLCE_ACCUMULATOR_FP32);
+  setup_fused(&def, p, 0, 0, OSFT_FLCE_ACCUMULATOR_FP32);
+  setup_fused(&tgt, p, tight, 0, OSFT_FLCE_ACCUMULATOR_FP32);
+  setup_fused(&out, p, 0, 0, OSFT_FLCE_ACCUMULATOR_OUTPUT);
+  bench_case b = {p, cuda ? &one : NULL, &def, &tgt, &out};
+  double t[VARIANTS];
+  time_all(&b, reps, t);
+  run_variant(&b, MATERIALIZED);
+  const float loss_mat = loss_of(p);
+  fused(&def);
+  const float loss = loss_of(p);
+  if (fabsf(loss - loss_mat) > 1e-3f * fabsf(loss_mat))
+    fprintf(stderr, "warning: loss %g (flce) vs %g (materialized)\n", loss, loss_mat);
+  const double def_mib = peak_mib(&def, cuda), tgt_mib = peak_mib(&tgt, cuda);
+  const double out_mib = peak_mib(&out, cuda);
+  printf("%5d %5d %6d | %8.1f %8.1f %8.1f %8.1f %8.1f | %6.3f %6.3f %6.3f %6.2f | %8.1f "
+         "%8.1f %8.1f %8.1f | %lld x %lld; %lld x %lld\n",
+         p->m, p->h, p->v, t[GEMMS], t[MATERIALIZED], t[FUSED], t[TIGHT], t[OUT_ACC],
+         t[FUSED] / t[GEMMS], t[TIGHT] / t[GEMMS], t[OUT_ACC] / t[GEMMS],
+         t[MATERIALIZED] / t[FUSED], mxv_mib, def_mib, tgt_mib, out_mib,
+         (long long)def.plan.chunks, (long long)def.plan.chunk_rows,
+         (long long)tgt.plan.chunks, (long long)tgt.plan.chunk_rows);
+  fflush(stdout);
+  if (csv)
+    fprintf(csv,
+            "%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f,%.2f,%.2f,%.2f,%.2f,%lld,"
+            "%lld,%lld,%lld,%.3f,%.4f,%.2f\n",
+            cuda ? "cuda" : "cpu", p->m, p->h, p->v, t[GEMMS], t[MATERIALIZED], t[FUSED],
+            t[TIGHT], t[FUSED] / t[GEMMS], t[TIGHT] / t[GEMMS], t[MATERIALIZED] / t[FUSED],
+            mxv_mib, def_mib, tgt_mib, (double)tight / (1 << 20), (long long)def.plan.chunks,
+            (long long)def.plan.chunk_rows, (long long)tgt.plan.chunks,
+            (long long)tgt.plan.chunk_rows, t[OUT_ACC], t[OUT_ACC] / t[GEMMS], out_mib);
+  if (cuda) teardown_fused(&one);
+  teardown_fused(&def);
+  teardown_fused(&tgt);
+  teardown_fused(&out);
 }
 
 int main(int argc, char **argv) {
@@ -388,53 +451,19 @@ int main(int argc, char **argv) {
         "device,bt,h,v,gemms_ms,materialized_ms,flce_ms,flce_tight_ms,flce_over_gemms,"
         "tight_over_gemms,materialized_over_flce,mxv_mib,flce_peak_mib,"
         "tight_peak_mib,tight_budget_mib,chunks,chunk_rows,tight_chunks,"
-        "tight_chunk_rows\n");
-  printf("# %s\n# %s, shapes / %d, median of %d; tight budget = M x V x 4 / %d\n",
+        "tight_chunk_rows,outacc_ms,outacc_over_gemms,outacc_peak_mib\n");
+  printf("# %s\n# %s, shapes / %d, median of %d; tight budget = fixed + M x V x 4 / %d; "
+         "acc.out = grad_W summed in its own dtype\n",
          osft_build_info(), cuda ? "CUDA, bf16" : "CPU, fp32", scale, reps, budget_div);
-  printf("%5s %5s %6s | %8s %8s %8s %8s | %6s %6s %6s | %8s %8s %8s | %s\n", "BT", "H",
-         "V", "gemms", "mater.", "flce", "tight", "f/gem", "t/gem", "mat/f", "MxV MiB",
-         "peak MiB", "tgt MiB", "chunks (default; tight)");
+  printf("%5s %5s %6s | %8s %8s %8s %8s %8s | %6s %6s %6s %6s | %8s %8s %8s %8s | %s\n",
+         "BT", "H", "V", "gemms", "mater.", "flce", "tight", "acc.out", "f/gem", "t/gem",
+         "o/gem", "mat/f", "MxV MiB", "peak MiB", "tgt MiB", "out MiB",
+         "chunks (default; tight)");
   for (int bi = 0; bi < 2; ++bi)
     for (int vi = 0; vi < 2; ++vi) {
       problem p;
       problem_init(&p, cuda, bts[bi] / scale, h_full / scale, vs[vi] / scale);
-      const double mxv_mib = (double)p.m * p.v * sizeof(float) / (1 << 20);
-      const size_t tight = (size_t)p.m * p.v * sizeof(float) / (size_t)budget_div;
-      fused_setup one, def, tgt;
-      if (cuda) setup_fused(&one, &p, SIZE_MAX / 2, p.m);
-      setup_fused(&def, &p, 0, 0);
-      setup_fused(&tgt, &p, tight, 0);
-      bench_case b = {&p, cuda ? &one : NULL, &def, &tgt};
-      double t[VARIANTS];
-      time_all(&b, reps, t);
-      run_variant(&b, MATERIALIZED);
-      const float loss_mat = loss_of(&p);
-      fused(&def);
-      const float loss = loss_of(&p);
-      if (fabsf(loss - loss_mat) > 1e-3f * fabsf(loss_mat))
-        fprintf(stderr, "warning: loss %g (flce) vs %g (materialized)\n", loss, loss_mat);
-      const double def_mib = peak_mib(&def, cuda), tgt_mib = peak_mib(&tgt, cuda);
-      printf(
-          "%5d %5d %6d | %8.1f %8.1f %8.1f %8.1f | %6.3f %6.3f %6.2f | %8.1f %8.1f %8.1f "
-          "| %lld x %lld; %lld x %lld\n",
-          p.m, p.h, p.v, t[GEMMS], t[MATERIALIZED], t[FUSED], t[TIGHT],
-          t[FUSED] / t[GEMMS], t[TIGHT] / t[GEMMS], t[MATERIALIZED] / t[FUSED], mxv_mib,
-          def_mib, tgt_mib, (long long)def.plan.chunks, (long long)def.plan.chunk_rows,
-          (long long)tgt.plan.chunks, (long long)tgt.plan.chunk_rows);
-      fflush(stdout);
-      if (csv)
-        fprintf(csv,
-                "%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f,%.2f,%.2f,%.2f,%.2f,%lld,"
-                "%lld,%lld,%lld\n",
-                cuda ? "cuda" : "cpu", p.m, p.h, p.v, t[GEMMS], t[MATERIALIZED], t[FUSED],
-                t[TIGHT], t[FUSED] / t[GEMMS], t[TIGHT] / t[GEMMS],
-                t[MATERIALIZED] / t[FUSED], mxv_mib, def_mib, tgt_mib,
-                (double)tight / (1 << 20), (long long)def.plan.chunks,
-                (long long)def.plan.chunk_rows, (long long)tgt.plan.chunks,
-                (long long)tgt.plan.chunk_rows);
-      if (cuda) teardown_fused(&one);
-      teardown_fused(&def);
-      teardown_fused(&tgt);
+      bench_shape(&p, reps, budget_div, csv);
       problem_free(&p);
     }
   if (csv) fclose(csv);

@@ -173,7 +173,7 @@ DLTensor *dl(tt *t) {
   return t ? &t->t : NULL;
 }
 
-void bind(const flce_case *c, flce_tensors *T, osft_flce_inputs_t *in,
+void flce_bind(const flce_case *c, flce_tensors *T, osft_flce_inputs_t *in,
           osft_flce_outputs_t *out) {
   assert_ok(OSFT_FLCE_INPUTS_INIT(in));
   assert_ok(OSFT_FLCE_OUTPUTS_INIT(out));
@@ -241,7 +241,7 @@ void run_case(osft_context_t ctx, const flce_case *c) {
   osft_flce_t f = make_flce(ctx, c);
   osft_flce_inputs_t in;
   osft_flce_outputs_t out;
-  bind(c, &T, &in, &out);
+  flce_bind(c, &T, &in, &out);
   assert_ok(osft_flce_compute(f, &in, &out));
 
   const int per_token = c->reduction == OSFT_FLCE_NONE;

@@ -25,7 +25,7 @@ static void test_budget_and_plan(void **state) {
   flce_tensors T = make_tensors(&c);
   osft_flce_inputs_t in;
   osft_flce_outputs_t out;
-  bind(&c, &T, &in, &out);
+  flce_bind(&c, &T, &in, &out);
   const size_t row = 4 * 64; /* padded V = 64 floats */
   int64_t last_chunks = 0;
   const size_t budgets[4] = {0, 200 * row + 4096, 30 * row + 4096, 4 * row + 3000};

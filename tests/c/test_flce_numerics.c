@@ -126,7 +126,7 @@ static void test_forward_only(void **state) {
     osft_flce_t f = make_flce(CTX, &c);
     osft_flce_inputs_t in;
     osft_flce_outputs_t full, fwd;
-    bind(&c, &T, &in, &full);
+    flce_bind(&c, &T, &in, &full);
     assert_ok(osft_flce_compute(f, &in, &full));
     size_t bytes;
     void *loss_full = tt_bytes(T.loss, &bytes);
@@ -161,7 +161,7 @@ static void run_bytes(osft_flce_t f, const flce_case *c, void *bytes[8], size_t 
   flce_tensors T = make_tensors(c);
   osft_flce_inputs_t in;
   osft_flce_outputs_t out;
-  bind(c, &T, &in, &out);
+  flce_bind(c, &T, &in, &out);
   assert_ok(osft_flce_compute(f, &in, &out));
   tt *outs[8] = {T.loss, T.dx, T.dw, T.db, T.z, T.acc, T.amax, T.tok};
   for (int i = 0; i < 8; ++i) bytes[i] = outs[i] ? tt_bytes(outs[i], &size[i]) : NULL;
