@@ -313,7 +313,8 @@ static size_t tight_budget(problem *p, int div) {
   setup_fused(&all, p, SIZE_MAX / 2, p->m, OSFT_FLCE_ACCUMULATOR_FP32);
   setup_fused(&half, p, SIZE_MAX / 2, p->m / 2, OSFT_FLCE_ACCUMULATOR_FP32);
   const size_t rows = (size_t)(all.plan.chunk_rows - half.plan.chunk_rows);
-  const size_t per_row = (size_t)(all.plan.scratch_bytes - half.plan.scratch_bytes) / rows;
+  const size_t per_row =
+      (size_t)(all.plan.scratch_bytes - half.plan.scratch_bytes) / rows;
   const size_t fixed = (size_t)all.plan.scratch_bytes - per_row * (size_t)p->m;
   teardown_fused(&all);
   teardown_fused(&half);
@@ -389,21 +390,23 @@ static void bench_shape(problem *p, int reps, int budget_div, FILE *csv) {
     fprintf(stderr, "warning: loss %g (flce) vs %g (materialized)\n", loss, loss_mat);
   const double def_mib = peak_mib(&def, cuda), tgt_mib = peak_mib(&tgt, cuda);
   const double out_mib = peak_mib(&out, cuda);
-  printf("%5d %5d %6d | %8.1f %8.1f %8.1f %8.1f %8.1f | %6.3f %6.3f %6.3f %6.2f | %8.1f "
-         "%8.1f %8.1f %8.1f | %lld x %lld; %lld x %lld\n",
-         p->m, p->h, p->v, t[GEMMS], t[MATERIALIZED], t[FUSED], t[TIGHT], t[OUT_ACC],
-         t[FUSED] / t[GEMMS], t[TIGHT] / t[GEMMS], t[OUT_ACC] / t[GEMMS],
-         t[MATERIALIZED] / t[FUSED], mxv_mib, def_mib, tgt_mib, out_mib,
-         (long long)def.plan.chunks, (long long)def.plan.chunk_rows,
-         (long long)tgt.plan.chunks, (long long)tgt.plan.chunk_rows);
+  printf(
+      "%5d %5d %6d | %8.1f %8.1f %8.1f %8.1f %8.1f | %6.3f %6.3f %6.3f %6.2f | %8.1f "
+      "%8.1f %8.1f %8.1f | %lld x %lld; %lld x %lld\n",
+      p->m, p->h, p->v, t[GEMMS], t[MATERIALIZED], t[FUSED], t[TIGHT], t[OUT_ACC],
+      t[FUSED] / t[GEMMS], t[TIGHT] / t[GEMMS], t[OUT_ACC] / t[GEMMS],
+      t[MATERIALIZED] / t[FUSED], mxv_mib, def_mib, tgt_mib, out_mib,
+      (long long)def.plan.chunks, (long long)def.plan.chunk_rows,
+      (long long)tgt.plan.chunks, (long long)tgt.plan.chunk_rows);
   fflush(stdout);
   if (csv)
     fprintf(csv,
             "%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f,%.2f,%.2f,%.2f,%.2f,%lld,"
             "%lld,%lld,%lld,%.3f,%.4f,%.2f\n",
             cuda ? "cuda" : "cpu", p->m, p->h, p->v, t[GEMMS], t[MATERIALIZED], t[FUSED],
-            t[TIGHT], t[FUSED] / t[GEMMS], t[TIGHT] / t[GEMMS], t[MATERIALIZED] / t[FUSED],
-            mxv_mib, def_mib, tgt_mib, (double)tight / (1 << 20), (long long)def.plan.chunks,
+            t[TIGHT], t[FUSED] / t[GEMMS], t[TIGHT] / t[GEMMS],
+            t[MATERIALIZED] / t[FUSED], mxv_mib, def_mib, tgt_mib,
+            (double)tight / (1 << 20), (long long)def.plan.chunks,
             (long long)def.plan.chunk_rows, (long long)tgt.plan.chunks,
             (long long)tgt.plan.chunk_rows, t[OUT_ACC], t[OUT_ACC] / t[GEMMS], out_mib);
   if (cuda) teardown_fused(&one);
@@ -452,9 +455,10 @@ int main(int argc, char **argv) {
         "tight_over_gemms,materialized_over_flce,mxv_mib,flce_peak_mib,"
         "tight_peak_mib,tight_budget_mib,chunks,chunk_rows,tight_chunks,"
         "tight_chunk_rows,outacc_ms,outacc_over_gemms,outacc_peak_mib\n");
-  printf("# %s\n# %s, shapes / %d, median of %d; tight budget = fixed + M x V x 4 / %d; "
-         "acc.out = grad_W summed in its own dtype\n",
-         osft_build_info(), cuda ? "CUDA, bf16" : "CPU, fp32", scale, reps, budget_div);
+  printf(
+      "# %s\n# %s, shapes / %d, median of %d; tight budget = fixed + M x V x 4 / %d; "
+      "acc.out = grad_W summed in its own dtype\n",
+      osft_build_info(), cuda ? "CUDA, bf16" : "CPU, fp32", scale, reps, budget_div);
   printf("%5s %5s %6s | %8s %8s %8s %8s %8s | %6s %6s %6s %6s | %8s %8s %8s %8s | %s\n",
          "BT", "H", "V", "gemms", "mater.", "flce", "tight", "acc.out", "f/gem", "t/gem",
          "o/gem", "mat/f", "MxV MiB", "peak MiB", "tgt MiB", "out MiB",

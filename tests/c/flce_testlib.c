@@ -174,7 +174,7 @@ DLTensor *dl(tt *t) {
 }
 
 void flce_bind(const flce_case *c, flce_tensors *T, osft_flce_inputs_t *in,
-          osft_flce_outputs_t *out) {
+               osft_flce_outputs_t *out) {
   assert_ok(OSFT_FLCE_INPUTS_INIT(in));
   assert_ok(OSFT_FLCE_OUTPUTS_INIT(out));
   in->x = dl(T->x);

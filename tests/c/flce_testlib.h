@@ -103,7 +103,7 @@ void free_tensors(flce_tensors *T);
 DLTensor *dl(tt *t);
 
 void flce_bind(const flce_case *c, flce_tensors *T, osft_flce_inputs_t *in,
-          osft_flce_outputs_t *out);
+               osft_flce_outputs_t *out);
 
 double *get_or_null(const tt *t);
 
