@@ -375,6 +375,21 @@ static run_args osft_args(const run_args *base, osft_qr_method_t method, int wor
   return r;
 }
 
+/* The library's own count of CholeskyQR2 fall-backs (logged at debug
+ * level): how many matrices the check sent back to Householder. */
+static void print_fallbacks(void *user, osft_log_level_t level, const char *message) {
+  (void)user;
+  (void)level;
+  if (strstr(message, "fell back") != NULL) printf("# cholesky_qr2: %s\n", message);
+}
+
+static void report_fallbacks(variant *cholesky) {
+  CHECK(osft_set_log_callback(print_fallbacks, NULL, OSFT_LOG_DEBUG));
+  cholesky->prepare(cholesky->arg);
+  cholesky->run(cholesky->arg);
+  CHECK(osft_set_log_callback(NULL, NULL, OSFT_LOG_OFF));
+}
+
 int main(int argc, char **argv) {
   int scale = 0, layers = 12, reps = 5, cuda = 0, power = 0;
   const char *csv_path = NULL;
@@ -475,6 +490,7 @@ int main(int argc, char **argv) {
             "device,scale,count,hidden,mlp,variant,median_ms,min_ms,max_ms,"
             "median_round_speedup_vs_loop\n");
   report(csv, cuda ? "cuda" : "cpu", scale, &p, v, 5, hidden, mlp, reps);
+  report_fallbacks(&v[3]);
 
   if (power) {
     /* Pairs (A_i, Q_i): A_i a fixed random matrix, Q_i the list itself. */
