@@ -5,21 +5,42 @@
  *              dW = g^T x; what full fine-tuning costs), and
  *   unfused  : the straightforward OSFT formulation (four GEMMs then an add
  *              in the forward, autograd-style GEMMs and adds in the
- *              backward), as a framework without fusion runs it;
- * and libosftrt's layer with the cost model's choice (auto) and with each
- * strategy forced. fp32 on the CPU (OpenBLAS).
+ *              backward), as a framework without fusion runs it (CPU only);
+ * and libosftrt's layer (forward, then backward with grad_x and the three
+ * trainable factor gradients) with the cost model's choice (auto) and with
+ * each strategy forced.
  *
- *   bench_flinear [--scale S] [--tokens M,M,...] [--reps R] [--csv FILE]
+ *   bench_flinear [--device cpu|cuda] [--scale S] [--tokens M,M,...]
+ *                 [--reps R] [--csv FILE]
+ *
+ * CPU: fp32, OpenBLAS; S defaults to 4, tokens to 512,4096,16384, R to 3.
+ * CUDA (builds with OSFT_BENCH_CUDA): bf16 x, grad_y, weight and factors
+ * (factor gradients bf16 too), fp32 accumulation; dense is three cuBLAS
+ * GEMMs (cublasGemmEx, CUBLAS_COMPUTE_32F, bf16 outputs), the layer runs on
+ * a CUDA context; every step ends with a synchronize. S defaults to 1,
+ * tokens to 8192, R to 5. The unfused baseline is not run on CUDA (n/a):
+ * bench/gpu/peers_torch.py measures PyTorch's mini_trainer formulation.
  *
  * Shapes are Llama-3.1-8B's projections (4096x4096, 1024x4096, 14336x4096,
- * 4096x14336) divided by S (default 4 on the CPU), rank ratio 0.5. Prints a
- * table with times (median of R runs) and ratios to dense and to unfused.
+ * 4096x14336, N out x K in) divided by S, rank ratio 0.5; one layer per
+ * shape, decomposed once. Prints a table with times (median of R runs after
+ * one warm-up, host clock) and ratios to dense and to unfused; on CUDA also
+ * the peak device memory of the layer's context during the auto runs
+ * (osft_context_get_memory_stats device_peak: factors, cache, workspace).
+ * The CSV (--csv) has a device column and that peak for both devices
+ * (host_peak on the CPU).
  */
 #include <cblas.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#ifdef OSFT_BENCH_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#endif
 
 #include "bench_util.h"
 #include "osftrt/osftrt.h"
@@ -29,6 +50,8 @@ static float *fill(size_t n) {
   fill_uniform(p, n, 12345u, 1.0f);
   return p;
 }
+
+/* ------------------------------------------------- CPU baselines (fp32) */
 
 /* C (m x n) = A op B, row-major, beta 0 or 1 */
 static void gemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
@@ -84,16 +107,172 @@ static void unfused_step(problem *p) {
   for (size_t i = 0; i < (size_t)m * k; ++i) p->dx[i] += p->tmp[i];
 }
 
+/* A compact host copy of one factor of the layer (CPU layers: fp32). */
+static float *copy_view(osft_flinear_t layer, osft_flinear_factor_t which, int rows,
+                        int cols) {
+  DLTensor v;
+  CHECK(osft_flinear_get_factor(layer, which, &v));
+  float *out = xmalloc(sizeof(float) * (size_t)rows * cols);
+  const int64_t ld = v.ndim == 2 ? v.strides[0] : cols;
+  for (int i = 0; i < rows; ++i)
+    memcpy(out + (size_t)i * cols, (float *)v.data + i * ld, sizeof(float) * cols);
+  return out;
+}
+
+/* The baseline's buffers for m tokens over the layer's weight w (not owned). */
+static void cpu_problem_init(problem *p, osft_flinear_t layer, float *w, int m) {
+  int64_t n64, k64, r64, l64;
+  CHECK(osft_flinear_get_dims(layer, &n64, &k64, &r64, &l64));
+  memset(p, 0, sizeof *p);
+  const int n = p->n = (int)n64, k = p->k = (int)k64;
+  p->r = (int)r64;
+  p->l = (int)l64;
+  p->m = m;
+  p->w = w;
+  p->x = fill((size_t)m * k);
+  p->g = fill((size_t)m * n);
+  p->y = fill((size_t)m * n);
+  p->dx = fill((size_t)m * k);
+  p->dw = fill((size_t)n * k);
+  p->uh = copy_view(layer, OSFT_FACTOR_U_HIGH, n, p->r);
+  p->ul = copy_view(layer, OSFT_FACTOR_U_LOW, n, p->l);
+  p->vh = copy_view(layer, OSFT_FACTOR_V_HIGH, p->r, k);
+  p->vl = copy_view(layer, OSFT_FACTOR_V_LOW, p->l, k);
+  p->sh = copy_view(layer, OSFT_FACTOR_S_HIGH, 1, p->r);
+  p->sl = copy_view(layer, OSFT_FACTOR_S_LOW, 1, p->l);
+  p->th = fill((size_t)m * p->r);
+  p->tl = fill((size_t)m * p->l);
+  p->tmp = fill((size_t)m * (n > k ? n : k));
+  p->tmp2 = fill((size_t)m * p->l);
+  p->du = fill((size_t)n * p->l);
+  p->dv = fill((size_t)p->l * k);
+  p->ds = fill((size_t)p->l);
+}
+
+static void cpu_problem_free(problem *p) {
+  float *bufs[] = {p->x,  p->g,  p->y,  p->dx, p->dw,  p->uh,   p->ul, p->vh, p->vl,
+                   p->sh, p->sl, p->th, p->tl, p->tmp, p->tmp2, p->du, p->dv, p->ds};
+  for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; ++b) free(bufs[b]);
+}
+
+/* ------------------------------------------------ CUDA baseline (bf16) */
+
+#ifdef OSFT_BENCH_CUDA
+static void cuda_check(cudaError_t e, const char *what) {
+  if (e != cudaSuccess) {
+    fprintf(stderr, "%s failed: %s\n", what, cudaGetErrorString(e));
+    exit(1);
+  }
+}
+
+static void cublas_check(cublasStatus_t s, const char *what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    fprintf(stderr, "%s failed: cuBLAS status %d\n", what, (int)s);
+    exit(1);
+  }
+}
+
+/* n fresh values uniform in [-scale/2, scale/2) from `seed`, as bf16 on the
+ * GPU. */
+static void *upload_bf16(size_t n, unsigned seed, float scale) {
+  float *host = xmalloc(n * sizeof(float));
+  uint16_t *b = xmalloc(n * sizeof(uint16_t));
+  fill_uniform(host, n, seed, scale);
+  for (size_t i = 0; i < n; ++i) b[i] = to_bf16(host[i]);
+  void *dev = NULL;
+  cuda_check(cudaMalloc(&dev, n * sizeof(uint16_t)), "cudaMalloc");
+  cuda_check(cudaMemcpy(dev, b, n * sizeof(uint16_t), cudaMemcpyHostToDevice),
+             "cudaMemcpy");
+  free(b);
+  free(host);
+  return dev;
+}
+
+/* C (m x n) = op(A) op(B), row-major, bf16 A, B and C, fp32 accumulation.
+ * Row-major C = A B is column-major C^T = B^T A^T. */
+static void gemm_bf16(cublasHandle_t h, int ta, int tb, int m, int n, int k,
+                      const void *a, int lda, const void *b, int ldb, void *c, int ldc) {
+  const float one = 1.0f, zero = 0.0f;
+  cublas_check(
+      cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n,
+                   m, k, &one, b, CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &zero, c,
+                   CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      "cublasGemmEx");
+}
+
 typedef struct {
+  cublasHandle_t blas;
+  int n, k, m;
+  void *x, *g, *w, *y, *dx, *dw; /* bf16 on the GPU; w belongs to the shape */
+} gpu_problem;
+
+static void gpu_dense_step(gpu_problem *p) {
+  const int m = p->m, n = p->n, k = p->k;
+  gemm_bf16(p->blas, 0, 1, m, n, k, p->x, k, p->w, k, p->y, n);  /* y = x W^T */
+  gemm_bf16(p->blas, 0, 0, m, k, n, p->g, n, p->w, k, p->dx, k); /* dx = g W */
+  gemm_bf16(p->blas, 1, 0, n, k, m, p->g, n, p->x, k, p->dw, k); /* dW = g^T x */
+  cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+static void run_gpu_dense(void *p) {
+  gpu_dense_step(p);
+}
+#endif
+
+/* --------------------------------------------------------- the layer */
+
+/* A compact tensor: fp32 on the host, or bf16 on the GPU. */
+static DLTensor dev_tensor(void *data, int cuda, int ndim, int64_t *shape) {
+  DLTensor t = host_f32_tensor(data, ndim, shape);
+  if (cuda) {
+    t.device.device_type = kDLCUDA;
+    t.dtype.code = kDLBfloat;
+    t.dtype.bits = 16;
+  }
+  return t;
+}
+
+typedef struct {
+  osft_context_t ctx;
+  int cuda;
   osft_flinear_t layer;
+  int64_t xs[2], ys[2], us[2], ss[1], vs[2];
   DLTensor x, g, y, dx, du, ds, dv;
   osft_flinear_grads_t grads;
 } osft_run;
 
+/* The buffers a step reads and writes (the device's dtype). */
+typedef struct {
+  void *x, *g, *y, *dx, *du, *ds, *dv;
+} osft_io;
+
+/* Points the run's tensors at io for m tokens of an n x k layer of rank l. */
+static void osft_bind(osft_run *o, int m, int n, int k, int l, const osft_io *io) {
+  o->xs[0] = o->ys[0] = m;
+  o->xs[1] = o->vs[1] = k;
+  o->ys[1] = o->us[0] = n;
+  o->us[1] = o->ss[0] = o->vs[0] = l;
+  o->x = dev_tensor(io->x, o->cuda, 2, o->xs);
+  o->g = dev_tensor(io->g, o->cuda, 2, o->ys);
+  o->y = dev_tensor(io->y, o->cuda, 2, o->ys);
+  o->dx = dev_tensor(io->dx, o->cuda, 2, o->xs);
+  o->du = dev_tensor(io->du, o->cuda, 2, o->us);
+  o->ds = dev_tensor(io->ds, o->cuda, 1, o->ss);
+  o->dv = dev_tensor(io->dv, o->cuda, 2, o->vs);
+  CHECK(OSFT_FLINEAR_GRADS_INIT(&o->grads));
+  o->grads.grad_x = &o->dx;
+  o->grads.grad_u_low = &o->du;
+  o->grads.grad_s_low = &o->ds;
+  o->grads.grad_v_low = &o->dv;
+}
+
 static void osft_step(osft_run *o) {
   CHECK(osft_flinear_forward(o->layer, &o->x, NULL, &o->y));
   CHECK(osft_flinear_backward(o->layer, &o->x, &o->g, &o->grads));
+  if (o->cuda) CHECK(osft_context_synchronize(o->ctx));
 }
+
+/* ------------------------------------------------------------- timing */
 
 typedef void (*step_fn)(void *);
 static void run_dense(void *p) {
@@ -108,7 +287,7 @@ static void run_osft(void *o) {
 
 static double median_ms(step_fn f, void *arg, int reps) {
   double t[32];
-  f(arg); /* warm-up: caches, workspace, thread pool */
+  f(arg); /* warm-up: caches, workspace, thread pool, cuBLAS heuristics */
   for (int i = 0; i < reps; ++i) {
     const double t0 = now_ms();
     f(arg);
@@ -123,142 +302,314 @@ static double median_ms(step_fn f, void *arg, int reps) {
   return t[reps / 2];
 }
 
-static float *copy_view(osft_flinear_t layer, osft_flinear_factor_t which, int rows,
-                        int cols) {
-  DLTensor v;
-  CHECK(osft_flinear_get_factor(layer, which, &v));
-  float *out = malloc(sizeof(float) * (size_t)rows * cols);
-  const int64_t ld = v.ndim == 2 ? v.strides[0] : cols;
-  for (int i = 0; i < rows; ++i)
-    memcpy(out + (size_t)i * cols, (float *)v.data + i * ld, sizeof(float) * cols);
-  return out;
+/* One row of the table. */
+typedef struct {
+  int n, k, m, r, l;
+  double dense, unfused, autot, fact, rebuild; /* ms; unfused < 0: not run */
+  double peak_mib; /* the context's peak during the auto runs */
+  osft_flinear_strategy_t fwd, bwd;
+} result;
+
+/* Peak memory of the context (device on CUDA, host on the CPU), in MiB. */
+static double context_peak_mib(osft_context_t ctx, int cuda) {
+  osft_memory_stats_t st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  CHECK(osft_context_get_memory_stats(ctx, &st));
+  return (double)(cuda ? st.device_peak : st.host_peak) / (1 << 20);
 }
+
+/* The layer with the cost model's choice (its peak memory measured from
+ * the factors alone: caches dropped, workspace released) and with each
+ * strategy forced. */
+static void time_osft(osft_run *o, int reps, result *res) {
+  CHECK(osft_flinear_set_strategy(o->layer, OSFT_FLINEAR_AUTO));
+  CHECK(osft_flinear_refresh(o->layer));
+  CHECK(osft_flinear_choose_strategy(o->layer, res->m, OSFT_FLINEAR_FORWARD, &res->fwd));
+  CHECK(osft_flinear_choose_strategy(o->layer, res->m, OSFT_FLINEAR_BACKWARD, &res->bwd));
+  CHECK(osft_context_release_workspace(o->ctx));
+  CHECK(osft_context_reset_peak_memory(o->ctx));
+  res->autot = median_ms(run_osft, o, reps);
+  res->peak_mib = context_peak_mib(o->ctx, o->cuda);
+  CHECK(osft_flinear_set_strategy(o->layer, OSFT_FLINEAR_FACTORIZED));
+  res->fact = median_ms(run_osft, o, reps);
+  CHECK(osft_flinear_set_strategy(o->layer, OSFT_FLINEAR_DENSE));
+  res->rebuild = median_ms(run_osft, o, reps);
+}
+
+/* CPU: dense, unfused and the layer for m tokens; w is the layer's weight. */
+static void cpu_case(osft_run *o, float *w, int reps, result *res) {
+  problem p;
+  cpu_problem_init(&p, o->layer, w, res->m);
+  const osft_io io = {p.x, p.g, p.y, p.dx, p.du, p.ds, p.dv};
+  osft_bind(o, p.m, p.n, p.k, p.l, &io);
+  res->dense = median_ms(run_dense, &p, reps);
+  res->unfused = median_ms(run_unfused, &p, reps);
+  time_osft(o, reps, res);
+  cpu_problem_free(&p);
+}
+
+#ifdef OSFT_BENCH_CUDA
+/* CUDA: cuBLAS dense and the layer for m tokens, fresh bf16 inputs (outputs
+ * pre-filled with random values too). p holds the handle and the weight. */
+static void cuda_case(osft_run *o, gpu_problem *p, int reps, result *res) {
+  const size_t m = (size_t)res->m, n = (size_t)res->n, k = (size_t)res->k;
+  const size_t l = (size_t)res->l;
+  p->m = res->m;
+  p->x = upload_bf16(m * k, 1u, 2.0f);
+  p->g = upload_bf16(m * n, 2u, 0.02f);
+  p->y = upload_bf16(m * n, 3u, 1.0f);
+  p->dx = upload_bf16(m * k, 4u, 1.0f);
+  p->dw = upload_bf16(n * k, 5u, 1.0f);
+  const osft_io io = {p->x,
+                      p->g,
+                      p->y,
+                      p->dx,
+                      upload_bf16(n * l, 6u, 1.0f),
+                      upload_bf16(l, 7u, 1.0f),
+                      upload_bf16(l * k, 8u, 1.0f)};
+  osft_bind(o, res->m, res->n, res->k, res->l, &io);
+  res->dense = median_ms(run_gpu_dense, p, reps);
+  res->unfused = -1.0;
+  time_osft(o, reps, res);
+  void *bufs[] = {p->x, p->g, p->y, p->dx, p->dw, io.du, io.ds, io.dv};
+  for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; ++b)
+    cuda_check(cudaFree(bufs[b]), "cudaFree");
+}
+#endif
+
+/* -------------------------------------------------------------- output */
+
+typedef struct {
+  int cuda, scale, reps, n_tokens, tokens[8];
+  const char *csv_path;
+} config;
 
 static const char *strategy_name(osft_flinear_strategy_t s) {
   return s == OSFT_FLINEAR_DENSE ? "dense" : "factorized";
 }
 
-int main(int argc, char **argv) {
-  int scale = 4, reps = 3, tokens[8] = {512, 4096, 16384}, n_tokens = 3;
-  const char *csv_path = NULL;
-  for (int i = 1; i < argc; ++i) {
-    if (!strcmp(argv[i], "--scale") && i + 1 < argc)
-      scale = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-      reps = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--csv") && i + 1 < argc)
-      csv_path = argv[++i];
-    else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
-      n_tokens = 0;
-      for (char *tok = strtok(argv[++i], ","); tok && n_tokens < 8;
-           tok = strtok(NULL, ","))
-        tokens[n_tokens++] = atoi(tok);
-    } else {
-      fprintf(stderr, "usage: %s [--scale S] [--tokens M,..] [--reps R] [--csv FILE]\n",
-              argv[0]);
-      return 2;
-    }
-  }
-  if (reps < 1 || reps > 31) reps = 3;
-  const int shapes[4][2] = {{4096, 4096}, {1024, 4096}, {14336, 4096}, {4096, 14336}};
-  FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
-  if (csv)
-    fprintf(
-        csv,
-        "n,k,m,r,dense_ms,unfused_ms,auto_ms,factorized_ms,denseosft_ms,auto_choice_fwd,"
-        "auto_choice_bwd,auto_over_dense,auto_speedup_vs_unfused\n");
-  printf("# %s\n# fp32, CPU, rank ratio 0.5, shapes / %d, median of %d\n",
-         osft_build_info(), scale, reps);
-  printf("%-12s %6s | %9s %9s | %9s %9s %9s | %-10s | %8s %8s\n", "N x K", "M", "dense",
+static void print_header(const config *c) {
+  printf("# %s\n", osft_build_info());
+  if (c->cuda)
+    printf(
+        "# bf16 (fp32 accumulate), CUDA, rank ratio 0.5, shapes / %d, median of %d; "
+        "unfused: see bench/gpu/peers_torch.py; peak: the context's device_peak "
+        "(auto)\n",
+        c->scale, c->reps);
+  else
+    printf("# fp32, CPU, rank ratio 0.5, shapes / %d, median of %d\n", c->scale, c->reps);
+  printf("%-12s %6s | %9s %9s | %9s %9s %9s | %-10s | %8s %8s", "N x K", "M", "dense",
          "unfused", "osft", "fact", "rebuild", "choice", "osft/dns", "unf/osft");
-  osft_context_t ctx;
-  CHECK(osft_context_create(&ctx, NULL));
-  for (int s = 0; s < 4; ++s) {
-    const int n = shapes[s][0] / scale, k = shapes[s][1] / scale;
-    const int kk = n < k ? n : k;
-    for (int ti = 0; ti < n_tokens; ++ti) {
-      problem p;
-      memset(&p, 0, sizeof p);
-      p.n = n;
-      p.k = k;
-      p.m = tokens[ti];
-      const int m = p.m;
-      p.w = fill((size_t)n * k);
-      int64_t wshape[2] = {n, k};
-      DLTensor wt = host_f32_tensor(p.w, 2, wshape);
-      osft_flinear_options_t opts;
-      CHECK(OSFT_FLINEAR_OPTIONS_INIT(&opts));
-      osft_run o;
-      memset(&o, 0, sizeof o);
-      CHECK(osft_flinear_create_from_weight(ctx, &wt, &opts, &o.layer));
-      int64_t r64, l64;
-      CHECK(osft_flinear_get_dims(o.layer, NULL, NULL, &r64, &l64));
-      p.r = (int)r64;
-      p.l = (int)l64;
-      p.x = fill((size_t)m * k);
-      p.g = fill((size_t)m * n);
-      p.y = fill((size_t)m * n);
-      p.dx = fill((size_t)m * k);
-      p.dw = fill((size_t)n * k);
-      p.uh = copy_view(o.layer, OSFT_FACTOR_U_HIGH, n, p.r);
-      p.ul = copy_view(o.layer, OSFT_FACTOR_U_LOW, n, p.l);
-      p.vh = copy_view(o.layer, OSFT_FACTOR_V_HIGH, p.r, k);
-      p.vl = copy_view(o.layer, OSFT_FACTOR_V_LOW, p.l, k);
-      p.sh = copy_view(o.layer, OSFT_FACTOR_S_HIGH, 1, p.r);
-      p.sl = copy_view(o.layer, OSFT_FACTOR_S_LOW, 1, p.l);
-      p.th = fill((size_t)m * p.r);
-      p.tl = fill((size_t)m * p.l);
-      p.tmp = fill((size_t)m * (n > k ? n : k));
-      p.tmp2 = fill((size_t)m * p.l);
-      p.du = fill((size_t)n * p.l);
-      p.dv = fill((size_t)p.l * k);
-      p.ds = fill((size_t)p.l);
-      int64_t xs[2] = {m, k}, ys[2] = {m, n}, us[2] = {n, p.l}, ss[1] = {p.l},
-              vs[2] = {p.l, k};
-      o.x = host_f32_tensor(p.x, 2, xs);
-      o.g = host_f32_tensor(p.g, 2, ys);
-      o.y = host_f32_tensor(p.y, 2, ys);
-      o.dx = host_f32_tensor(p.dx, 2, xs);
-      o.du = host_f32_tensor(p.du, 2, us);
-      o.ds = host_f32_tensor(p.ds, 1, ss);
-      o.dv = host_f32_tensor(p.dv, 2, vs);
-      CHECK(OSFT_FLINEAR_GRADS_INIT(&o.grads));
-      o.grads.grad_x = &o.dx;
-      o.grads.grad_u_low = &o.du;
-      o.grads.grad_s_low = &o.ds;
-      o.grads.grad_v_low = &o.dv;
+  if (c->cuda) printf(" | %8s", "peak MiB");
+  printf("\n");
+}
 
-      const double t_dense = median_ms(run_dense, &p, reps);
-      const double t_unfused = median_ms(run_unfused, &p, reps);
-      osft_flinear_strategy_t fwd, bwd;
-      CHECK(osft_flinear_choose_strategy(o.layer, m, OSFT_FLINEAR_FORWARD, &fwd));
-      CHECK(osft_flinear_choose_strategy(o.layer, m, OSFT_FLINEAR_BACKWARD, &bwd));
-      const double t_auto = median_ms(run_osft, &o, reps);
-      CHECK(osft_flinear_set_strategy(o.layer, OSFT_FLINEAR_FACTORIZED));
-      const double t_fact = median_ms(run_osft, &o, reps);
-      CHECK(osft_flinear_set_strategy(o.layer, OSFT_FLINEAR_DENSE));
-      const double t_rebuild = median_ms(run_osft, &o, reps);
-      char choice[24];
-      snprintf(choice, sizeof choice, "%s/%s", strategy_name(fwd) + 0,
-               strategy_name(bwd));
-      char shape[24];
-      snprintf(shape, sizeof shape, "%dx%d", n, k);
-      printf("%-12s %6d | %9.2f %9.2f | %9.2f %9.2f %9.2f | %-10.10s | %8.3f %8.3f\n",
-             shape, m, t_dense, t_unfused, t_auto, t_fact, t_rebuild, choice,
-             t_auto / t_dense, t_unfused / t_auto);
-      fflush(stdout);
-      if (csv)
-        fprintf(csv, "%d,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%s,%.4f,%.4f\n", n, k, m,
-                p.r, t_dense, t_unfused, t_auto, t_fact, t_rebuild, strategy_name(fwd),
-                strategy_name(bwd), t_auto / t_dense, t_unfused / t_auto);
-      CHECK(osft_flinear_destroy(o.layer));
-      float *bufs[] = {p.w,  p.x,  p.g,  p.y,  p.dx,  p.dw,   p.uh, p.ul, p.vh, p.vl,
-                       p.sh, p.sl, p.th, p.tl, p.tmp, p.tmp2, p.du, p.dv, p.ds};
-      for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; ++b) free(bufs[b]);
-      (void)kk;
-    }
+static void print_row(const result *r, int cuda) {
+  char shape[24], choice[24], unf[24] = "n/a", speedup[24] = "n/a";
+  snprintf(shape, sizeof shape, "%dx%d", r->n, r->k);
+  snprintf(choice, sizeof choice, "%s/%s", strategy_name(r->fwd), strategy_name(r->bwd));
+  if (r->unfused >= 0) {
+    snprintf(unf, sizeof unf, "%.2f", r->unfused);
+    snprintf(speedup, sizeof speedup, "%.3f", r->unfused / r->autot);
   }
-  CHECK(osft_context_destroy(ctx));
-  if (csv) fclose(csv);
+  printf("%-12s %6d | %9.2f %9s | %9.2f %9.2f %9.2f | %-10.10s | %8.3f %8s", shape, r->m,
+         r->dense, unf, r->autot, r->fact, r->rebuild, choice, r->autot / r->dense,
+         speedup);
+  if (cuda) printf(" | %8.1f", r->peak_mib);
+  printf("\n");
+  fflush(stdout);
+}
+
+static void csv_header(FILE *csv) {
+  fprintf(csv,
+          "device,n,k,m,r,l,dense_ms,unfused_ms,auto_ms,factorized_ms,denseosft_ms,"
+          "auto_choice_fwd,auto_choice_bwd,auto_over_dense,auto_speedup_vs_unfused,"
+          "osft_peak_mib\n");
+}
+
+/* unfused_ms and auto_speedup_vs_unfused are empty where unfused did not run. */
+static void csv_row(FILE *csv, const result *r, int cuda) {
+  char unf[24] = "", speedup[24] = "";
+  if (r->unfused >= 0) {
+    snprintf(unf, sizeof unf, "%.3f", r->unfused);
+    snprintf(speedup, sizeof speedup, "%.4f", r->unfused / r->autot);
+  }
+  fprintf(csv, "%s,%d,%d,%d,%d,%d,%.3f,%s,%.3f,%.3f,%.3f,%s,%s,%.4f,%s,%.2f\n",
+          cuda ? "cuda" : "cpu", r->n, r->k, r->m, r->r, r->l, r->dense, unf, r->autot,
+          r->fact, r->rebuild, strategy_name(r->fwd), strategy_name(r->bwd),
+          r->autot / r->dense, speedup, r->peak_mib);
+  fflush(csv);
+}
+
+/* ---------------------------------------------------------------- main */
+
+typedef struct {
+  config c;
+  osft_context_t ctx;
+  void *blas; /* cublasHandle_t on CUDA */
+  FILE *csv;
+} bench_env;
+
+/* A random N x K weight: fp32 on the host, or bf16 on the GPU. */
+static void *make_weight(const bench_env *e, int n, int k) {
+#ifdef OSFT_BENCH_CUDA
+  if (e->c.cuda) return upload_bf16((size_t)n * k, 12345u, 1.0f);
+#else
+  (void)e;
+#endif
+  return fill((size_t)n * k);
+}
+
+static void free_weight(const bench_env *e, void *w) {
+#ifdef OSFT_BENCH_CUDA
+  if (e->c.cuda) {
+    cuda_check(cudaFree(w), "cudaFree");
+    return;
+  }
+#else
+  (void)e;
+#endif
+  free(w);
+}
+
+static void bench_case(const bench_env *e, osft_run *o, void *w, result *res) {
+#ifdef OSFT_BENCH_CUDA
+  if (e->c.cuda) {
+    gpu_problem p;
+    memset(&p, 0, sizeof p);
+    p.blas = (cublasHandle_t)e->blas;
+    p.n = res->n;
+    p.k = res->k;
+    p.w = w;
+    cuda_case(o, &p, e->c.reps, res);
+    return;
+  }
+#endif
+  cpu_case(o, w, e->c.reps, res);
+}
+
+/* One shape: the weight decomposed once, then every token count. */
+static void bench_shape(const bench_env *e, int n, int k) {
+  void *w = make_weight(e, n, k);
+  int64_t wshape[2] = {n, k};
+  DLTensor wt = dev_tensor(w, e->c.cuda, 2, wshape);
+  osft_flinear_options_t opts;
+  CHECK(OSFT_FLINEAR_OPTIONS_INIT(&opts));
+  osft_run o;
+  memset(&o, 0, sizeof o);
+  o.ctx = e->ctx;
+  o.cuda = e->c.cuda;
+  CHECK(osft_flinear_create_from_weight(e->ctx, &wt, &opts, &o.layer));
+  int64_t r64, l64;
+  CHECK(osft_flinear_get_dims(o.layer, NULL, NULL, &r64, &l64));
+  for (int ti = 0; ti < e->c.n_tokens; ++ti) {
+    result res;
+    memset(&res, 0, sizeof res);
+    res.n = n;
+    res.k = k;
+    res.m = e->c.tokens[ti];
+    res.r = (int)r64;
+    res.l = (int)l64;
+    bench_case(e, &o, w, &res);
+    print_row(&res, e->c.cuda);
+    if (e->csv) csv_row(e->csv, &res, e->c.cuda);
+  }
+  CHECK(osft_flinear_destroy(o.layer));
+  free_weight(e, w);
+}
+
+static int usage(const char *argv0) {
+  fprintf(stderr,
+          "usage: %s [--device cpu|cuda] [--scale S] [--tokens M,..] [--reps R] "
+          "[--csv FILE]\n",
+          argv0);
+  return 2;
+}
+
+/* 0, or 2 after a usage message; then the device's defaults. */
+static int parse_args(config *c, int argc, char **argv) {
+  memset(c, 0, sizeof *c);
+  for (int i = 1; i < argc; ++i) {
+    const int has_value = i + 1 < argc;
+    if (!strcmp(argv[i], "--scale") && has_value)
+      c->scale = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--reps") && has_value)
+      c->reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--csv") && has_value)
+      c->csv_path = argv[++i];
+    else if (!strcmp(argv[i], "--device") && has_value) {
+      const char *d = argv[++i];
+      if (strcmp(d, "cpu") && strcmp(d, "cuda")) return usage(argv[0]);
+      c->cuda = !strcmp(d, "cuda");
+    } else if (!strcmp(argv[i], "--tokens") && has_value) {
+      c->n_tokens = 0;
+      for (char *tok = strtok(argv[++i], ","); tok && c->n_tokens < 8;
+           tok = strtok(NULL, ","))
+        if (atoi(tok) > 0) c->tokens[c->n_tokens++] = atoi(tok);
+    } else
+      return usage(argv[0]);
+  }
+  if (c->scale < 1) c->scale = c->cuda ? 1 : 4;
+  if (c->reps < 1 || c->reps > 31) c->reps = c->cuda ? 5 : 3;
+  if (c->n_tokens == 0) {
+    const int cpu[3] = {512, 4096, 16384};
+    c->n_tokens = c->cuda ? 1 : 3;
+    if (c->cuda)
+      c->tokens[0] = 8192;
+    else
+      memcpy(c->tokens, cpu, sizeof cpu);
+  }
+  return 0;
+}
+
+/* The context (and on CUDA the cuBLAS handle) for the run. */
+static void env_open(bench_env *e) {
+  osft_context_options_t co;
+  CHECK(OSFT_CONTEXT_OPTIONS_INIT(&co));
+  co.device_type = e->c.cuda ? OSFT_DEVICE_CUDA : OSFT_DEVICE_CPU;
+  CHECK(osft_context_create(&e->ctx, &co));
+  e->blas = NULL;
+#ifdef OSFT_BENCH_CUDA
+  if (e->c.cuda) {
+    cublasHandle_t h;
+    cublas_check(cublasCreate(&h), "cublasCreate");
+    e->blas = h;
+  }
+#endif
+}
+
+static void env_close(bench_env *e) {
+#ifdef OSFT_BENCH_CUDA
+  if (e->blas) cublas_check(cublasDestroy((cublasHandle_t)e->blas), "cublasDestroy");
+#endif
+  CHECK(osft_context_destroy(e->ctx));
+  if (e->csv && fclose(e->csv)) {
+    fprintf(stderr, "writing %s failed\n", e->c.csv_path);
+    exit(1);
+  }
+}
+
+int main(int argc, char **argv) {
+  bench_env e;
+  memset(&e, 0, sizeof e);
+  if (parse_args(&e.c, argc, argv)) return 2;
+#ifndef OSFT_BENCH_CUDA
+  if (e.c.cuda) {
+    fprintf(stderr, "this bench_flinear was built without CUDA\n");
+    return 2;
+  }
+#endif
+  if (e.c.csv_path && !(e.csv = fopen(e.c.csv_path, "w"))) {
+    fprintf(stderr, "cannot open %s\n", e.c.csv_path);
+    return 1;
+  }
+  if (e.csv) csv_header(e.csv);
+  print_header(&e.c);
+  env_open(&e);
+  const int shapes[4][2] = {{4096, 4096}, {1024, 4096}, {14336, 4096}, {4096, 14336}};
+  for (int s = 0; s < 4; ++s)
+    bench_shape(&e, shapes[s][0] / e.c.scale, shapes[s][1] / e.c.scale);
+  env_close(&e);
   return 0;
 }
