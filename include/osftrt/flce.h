@@ -68,11 +68,16 @@
  *   per chunk row   4 * Vp (fp32 logits; Vp = V rounded up to 16)
  *                   + 4 * H on the CPU with bf16 x (x widened for OpenBLAS)
  *   fixed           16 * M (per-token loss, z-loss, argmax) + small,
- *                   + 4 * V * H when grad_weight is bf16 and the
- *                     accumulator is OSFT_FLCE_ACCUMULATOR_FP32,
+ *                   + 4 * V * H when grad_weight is bf16, the
+ *                     accumulator is OSFT_FLCE_ACCUMULATOR_FP32 and the
+ *                     call runs in more than one chunk,
  *                   + 4 * V * H on the CPU with a bf16 weight (widened once),
- *                   + 4 * V when grad_bias is bf16.
+ *                   + 4 * V when grad_bias is bf16 (likewise).
  * @endcode
+ * A call whose M rows fit in one chunk within the budget (with
+ * vocab parallelism off and chunk_rows 0 or at least M) runs in one chunk
+ * without the fp32 accumulators: its backward GEMM sums the M rows in fp32
+ * and rounds once, as the accumulator would.
  * osft_flce_get_plan() reports the chunk size and the scratch of a call.
  * The GEMMs and the bias-gradient sum may take small temporaries of their
  * own, not counted in the budget: C x H floats on the CPU with a bf16
@@ -298,7 +303,8 @@ typedef enum osft_flce_reduction_e {
  */
 typedef enum osft_flce_accumulator_e {
   /** An fp32 accumulator (scratch of V x H floats for a bf16 grad_weight),
-   * rounded once to the gradient's dtype at the end. Default. */
+   * rounded once to the gradient's dtype at the end; a one-chunk call needs
+   * none (its GEMM accumulates in fp32 and rounds once). Default. */
   OSFT_FLCE_ACCUMULATOR_FP32 = 0,
   /** In the gradient's own dtype: a bf16 grad_weight is rounded after every
    * chunk. Saves the 4 * V * H bytes of scratch, costs precision. On the

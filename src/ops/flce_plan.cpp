@@ -162,8 +162,10 @@ bool widens(const Flce &f, const FlceCall &c) {
   return !flce_kernels(*f.ctx).bf16_gemm && c.x.dtype != OSFTI_F32;
 }
 
-/* Adds every scratch buffer of a call with `rows` rows per chunk. */
-FlceSlots add_slots(const Flce &f, const FlceCall &c, int64_t rows, ScratchPlan &p) {
+/* Adds every scratch buffer of a call with `rows` rows per chunk; the fp32
+ * gradient accumulators only when `accumulators` (several chunks). */
+FlceSlots add_slots(const Flce &f, const FlceCall &c, int64_t rows, ScratchPlan &p,
+                    bool accumulators) {
   static_assert(sizeof(FlceTotals) % sizeof(int64_t) == 0, "totals are 8-byte words");
   FlceSlots s;
   s.totals = p.add_mat(1, sizeof(FlceTotals) / sizeof(int64_t), OSFTI_I64);
@@ -171,7 +173,7 @@ FlceSlots add_slots(const Flce &f, const FlceCall &c, int64_t rows, ScratchPlan 
   s.token_z = p.add_mat(1, c.m, OSFTI_F32);
   s.token_argmax = p.add_mat(1, c.m, OSFTI_I64);
   const bool widen = widens(f, c);
-  const bool fp32_acc = f.opts.accumulator == OSFT_FLCE_ACCUMULATOR_FP32;
+  const bool fp32_acc = accumulators && f.opts.accumulator == OSFT_FLCE_ACCUMULATOR_FP32;
   if (widen) s.w32 = p.add_mat(c.v, c.h, OSFTI_F32);
   if (c.grad_w.data != nullptr && c.grad_w.dtype != OSFTI_F32 && fp32_acc)
     s.gw32 = p.add_mat(c.v, c.h, OSFTI_F32);
@@ -256,44 +258,83 @@ FlceCall check_call(const Flce &f, const osft_flce_inputs_t &in,
   return c;
 }
 
-FlcePlan plan_call(const Flce &f, const FlceCall &c) {
-  const Context &ctx = *f.ctx;
+namespace {
+
+/* The fixed scratch of a call (every buffer but the chunk's), with each
+ * chunk buffer's alignment slack. */
+size_t fixed_bytes(const Flce &f, const FlceCall &c, bool accumulators) {
   ScratchPlan fixed_plan;
-  add_slots(f, c, 0, fixed_plan);
-  /* The chunk buffers, each aligned: per row plus alignment slack. */
-  const size_t fixed =
-      fixed_plan.bytes() + (vocab_ranks(f) > 1 ? 4 : 2) * ScratchPlan::alignment;
+  add_slots(f, c, 0, fixed_plan, accumulators);
+  return fixed_plan.bytes() + (vocab_ranks(f) > 1 ? 4 : 2) * ScratchPlan::alignment;
+}
+
+/* One chunk of all M rows needs no fp32 gradient accumulator: the backward
+ * GEMM sums the M rows in fp32 and rounds once into grad_weight, as the
+ * accumulator would (it too rounds once, at the end). Saves 4 V H bytes.
+ * Not under vocab parallelism, where the ranks agree on the fewest rows and
+ * may chunk after all. */
+bool fits_one_chunk(const Flce &f, const FlceCall &c, size_t budget, size_t per_row) {
+  if (c.m == 0 || vocab_ranks(f) > 1) return false;
+  if (f.opts.chunk_rows != 0 && f.opts.chunk_rows < c.m) return false;
+  const size_t fixed = fixed_bytes(f, c, false);
+  return budget >= fixed && (budget - fixed) / static_cast<size_t>(c.m) >= per_row;
+}
+
+/* The budget of a call: the handle's (default: the fixed scratch plus
+ * kDefaultChunkBytes), capped by the context's workspace_limit. */
+size_t call_budget(const Flce &f, size_t fixed, const char **bound) {
+  const Context &ctx = *f.ctx;
+  *bound = "opts->memory_budget";
+  size_t budget =
+      f.opts.memory_budget != 0 ? f.opts.memory_budget : fixed + kDefaultChunkBytes;
+  if (ctx.workspace_limit != 0 && ctx.workspace_limit < budget) {
+    budget = ctx.workspace_limit;
+    *bound = "the context's workspace_limit";
+  }
+  return budget;
+}
+
+/* Rows per chunk within the budget, with the accumulators' fixed scratch. */
+void choose_chunks(const Flce &f, const FlceCall &c, size_t fixed, size_t per_row,
+                   const char *bound, FlcePlan &plan) {
+  const size_t least = fixed + (c.m > 0 ? per_row : 0);
+  if (plan.budget < least)
+    raise(OSFT_STATUS_OUT_OF_MEMORY,
+          "%s: %zu bytes; this call needs at least %zu (%zu fixed + %zu per chunk row)",
+          bound, plan.budget, least, fixed, per_row);
+  if (c.m == 0) return;
+  const int64_t cap = static_cast<int64_t>(
+      std::min<size_t>((plan.budget - fixed) / per_row, static_cast<size_t>(c.m)));
+  if (cap < std::min<int64_t>(c.m, kEfficientRows))
+    log_message(OSFT_LOG_WARN,
+                "flce: %s of %zu bytes allows only %lld rows per chunk; GEMMs lose "
+                "efficiency below about %lld rows",
+                bound, plan.budget, static_cast<long long>(cap),
+                static_cast<long long>(kEfficientRows));
+  plan.chunk_rows = choose_rows(c.m, cap, f.opts.chunk_rows);
+  plan.chunks = (c.m + plan.chunk_rows - 1) / plan.chunk_rows;
+}
+
+}  // namespace
+
+FlcePlan plan_call(const Flce &f, const FlceCall &c) {
+  const size_t fixed = fixed_bytes(f, c, true);
   const int ranks = vocab_ranks(f);
   const size_t per_row =
       static_cast<size_t>(padded_vocab(c.v)) * sizeof(float) +
       (ranks > 1 ? (ranks + 1) * kFlceRecordWords * sizeof(float) : 0) +
       (widens(f, c) ? static_cast<size_t>(c.h) * sizeof(float) : 0);
   FlcePlan plan;
-  const char *bound = "opts->memory_budget";
-  plan.budget =
-      f.opts.memory_budget != 0 ? f.opts.memory_budget : fixed + kDefaultChunkBytes;
-  if (ctx.workspace_limit != 0 && ctx.workspace_limit < plan.budget) {
-    plan.budget = ctx.workspace_limit;
-    bound = "the context's workspace_limit";
+  const char *bound = nullptr;
+  plan.budget = call_budget(f, fixed, &bound);
+  const bool one = fits_one_chunk(f, c, plan.budget, per_row);
+  if (one) {
+    plan.chunk_rows = c.m;
+    plan.chunks = 1;
+  } else {
+    choose_chunks(f, c, fixed, per_row, bound, plan);
   }
-  const size_t least = fixed + (c.m > 0 ? per_row : 0);
-  if (plan.budget < least)
-    raise(OSFT_STATUS_OUT_OF_MEMORY,
-          "%s: %zu bytes; this call needs at least %zu (%zu fixed + %zu per chunk row)",
-          bound, plan.budget, least, fixed, per_row);
-  if (c.m > 0) {
-    const int64_t cap = static_cast<int64_t>(
-        std::min<size_t>((plan.budget - fixed) / per_row, static_cast<size_t>(c.m)));
-    if (cap < std::min<int64_t>(c.m, kEfficientRows))
-      log_message(OSFT_LOG_WARN,
-                  "flce: %s of %zu bytes allows only %lld rows per chunk; GEMMs lose "
-                  "efficiency below about %lld rows",
-                  bound, plan.budget, static_cast<long long>(cap),
-                  static_cast<long long>(kEfficientRows));
-    plan.chunk_rows = choose_rows(c.m, cap, f.opts.chunk_rows);
-    plan.chunks = (c.m + plan.chunk_rows - 1) / plan.chunk_rows;
-  }
-  plan.slots = add_slots(f, c, plan.chunk_rows, plan.scratch);
+  plan.slots = add_slots(f, c, plan.chunk_rows, plan.scratch, !one);
   log_message(OSFT_LOG_DEBUG,
               "flce: M = %lld, V = %lld, H = %lld: %lld chunk(s) of %lld rows, %zu bytes "
               "of scratch (bound %zu)",

@@ -122,12 +122,62 @@ static void test_refused_staging_still_computes(void **state) {
   tt_expect_all_returned(&a);
 }
 
+/* Scratch of a call planned on its own context. */
+static uint64_t planned_scratch(flce_case *c, flce_tensors *T, int64_t *chunks) {
+  osft_flce_inputs_t in;
+  osft_flce_outputs_t out;
+  flce_bind(c, T, &in, &out);
+  osft_context_t ctx = tt_context(NULL);
+  osft_flce_t f = make_flce(ctx, c);
+  osft_flce_plan_t p;
+  p.struct_size = sizeof p;
+  assert_ok(osft_flce_get_plan(f, &in, &out, &p));
+  assert_ok(osft_flce_destroy(f));
+  assert_ok(osft_context_destroy(ctx));
+  *chunks = p.chunks;
+  return p.scratch_bytes;
+}
+
+/* One chunk needs no fp32 gradient accumulator (the backward GEMM sums all
+ * rows in fp32 and rounds once): a bf16 grad_weight and grad_bias take the
+ * 4 V H + 4 V bytes only when the call runs in several chunks, and the
+ * one-chunk results still match the float64 reference, overwritten and
+ * accumulated. */
+static void test_one_chunk_needs_no_accumulator(void **state) {
+  (void)state;
+  flce_case c = base_case(64, 24, 40, TT_BF16);
+  c.bias = 1;
+  c.grad_b_dtype = TT_BF16;
+  test_seed("one chunk");
+  flce_tensors T = make_tensors(&c);
+  int64_t chunks = 0;
+  const uint64_t one = planned_scratch(&c, &T, &chunks);
+  assert_int_equal(chunks, 1);
+  c.accumulator = OSFT_FLCE_ACCUMULATOR_OUTPUT;
+  assert_int_equal(planned_scratch(&c, &T, &chunks), one);
+  c.chunk_rows = 32;
+  const uint64_t two_out = planned_scratch(&c, &T, &chunks);
+  assert_int_equal(chunks, 2);
+  c.accumulator = OSFT_FLCE_ACCUMULATOR_FP32;
+  const uint64_t two = planned_scratch(&c, &T, &chunks);
+  assert_int_equal(chunks, 2);
+  assert_true(two >= two_out + 4u * 40u * 24u + 4u * 40u);
+  free_tensors(&T);
+  c.chunk_rows = 0;
+  osft_context_t ctx = tt_context(NULL);
+  run_case(ctx, &c);
+  c.accumulate = OSFT_FLCE_ACCUMULATE_GRAD_WEIGHT | OSFT_FLCE_ACCUMULATE_GRAD_BIAS;
+  run_case(ctx, &c);
+  assert_ok(osft_context_destroy(ctx));
+}
+
 int main(void) {
   if (!tt_device_present()) return OSFT_TEST_SKIP;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_budget_and_plan, tt_setup, tt_teardown),
       cmocka_unit_test(test_memory_is_returned),
       cmocka_unit_test(test_refused_staging_still_computes),
+      cmocka_unit_test(test_one_chunk_needs_no_accumulator),
   };
   return cmocka_run_group_tests_name("flce_memory", tests, NULL, NULL);
 }
