@@ -307,15 +307,17 @@ static void teardown_fused(fused_setup *f) {
 }
 
 /* The tight budget: the call's fixed scratch (e.g. the fp32 grad_W
- * accumulator) plus 1/div of the M x V fp32 logits, read off two plans. */
+ * accumulator of a call in several chunks) plus 1/div of the M x V fp32
+ * logits, read off two plans of several chunks each. */
 static size_t tight_budget(problem *p, int div) {
   fused_setup all, half;
-  setup_fused(&all, p, SIZE_MAX / 2, p->m, OSFT_FLCE_ACCUMULATOR_FP32);
-  setup_fused(&half, p, SIZE_MAX / 2, p->m / 2, OSFT_FLCE_ACCUMULATOR_FP32);
+  setup_fused(&all, p, SIZE_MAX / 2, p->m / 2, OSFT_FLCE_ACCUMULATOR_FP32);
+  setup_fused(&half, p, SIZE_MAX / 2, p->m / 4, OSFT_FLCE_ACCUMULATOR_FP32);
   const size_t rows = (size_t)(all.plan.chunk_rows - half.plan.chunk_rows);
   const size_t per_row =
       (size_t)(all.plan.scratch_bytes - half.plan.scratch_bytes) / rows;
-  const size_t fixed = (size_t)all.plan.scratch_bytes - per_row * (size_t)p->m;
+  const size_t fixed =
+      (size_t)all.plan.scratch_bytes - per_row * (size_t)all.plan.chunk_rows;
   teardown_fused(&all);
   teardown_fused(&half);
   return fixed + (size_t)p->m * (size_t)p->v * sizeof(float) / (size_t)div;
