@@ -19,9 +19,17 @@ if [[ $# -ne 1 || ! -d $1 ]]; then
   exit 2
 fi
 NM=${NM:-nm}
-libc=$(ldconfig -p 2>/dev/null | awk '/libc\.so\.6 .*x86-64|libc\.so\.6 .*AArch64/ {print $NF; exit}')
-[[ -n $libc ]] || libc=$(ls /lib/*/libc.so.6 /usr/lib/*/libc.so.6 2>/dev/null | head -1)
-[[ -f $libc ]] || { echo "FAIL: libc.so.6 not found" >&2; exit 1; }
+# The C library the programs load (no pipeline that can end early: under
+# pipefail a SIGPIPE would stop this script without a word).
+libc=""
+for candidate in /lib/x86_64-linux-gnu/libc.so.6 /lib/aarch64-linux-gnu/libc.so.6 \
+  /usr/lib/x86_64-linux-gnu/libc.so.6 /usr/lib/aarch64-linux-gnu/libc.so.6 /lib64/libc.so.6; do
+  if [[ -f $candidate ]]; then
+    libc=$candidate
+    break
+  fi
+done
+[[ -n $libc ]] || { echo "FAIL: libc.so.6 not found" >&2; exit 1; }
 libc_syms=$(mktemp)
 trap 'rm -f "$libc_syms"' EXIT
 "$NM" -D --defined-only "$libc" | awk '{print $3}' | sed 's/@.*//' | sort -u > "$libc_syms"
