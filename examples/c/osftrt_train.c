@@ -17,6 +17,13 @@
  * fine-tuning's task-A loss at the point where its task-B loss matched
  * OSFT's final one, so the forgetting is compared at equal task-B loss.
  *
+ * --device picks where libosftrt runs: on a CUDA GPU when the trainer was
+ * built with CUDA and one is visible (auto), else on the CPU; the trainer's
+ * own glue and optimizer stay host C code, with copies around each library
+ * call (train_device.c). --device staged runs the GPU path's copies between
+ * separate host buffers on the CPU, so it is testable without a GPU and
+ * must give the same losses, bit for bit, as --device cpu.
+ *
  * Exit status: 0 on success; 1 on bad flags or data; 2 on a libosftrt
  * error (the message names the call and the library's reason); 3 when
  * --check is given and a check failed.
@@ -45,6 +52,8 @@ typedef struct {
   const char *data_dir;
   int check;
   int grad_check;
+  int print_losses;
+  const char *device; /* auto, cpu, cuda or staged */
   double check_ratio; /* --check: OSFT's task-A rise < ratio x full's */
   dims_t d;
 } config_t;
@@ -84,6 +93,12 @@ static void usage(FILE *f) {
       "                      fine-tuning's at equal task-B loss (default 0.5)\n"
       "  --grad-check        instead of the experiment: compare the model's gradients\n"
       "                      (dense and OSFT) with central differences; exit 3 if off\n"
+      "  --device D          auto, cpu, cuda or staged (default auto: cuda when built\n"
+      "                      with CUDA and a GPU is visible, else cpu; staged: the\n"
+      "                      GPU path's copies between separate host buffers, on\n"
+      "                      the CPU, for testing)\n"
+      "  --print-losses      also print every training and evaluation loss exactly\n"
+      "                      (hex), one 'loss-bits' line each\n"
       "Byte sizes take K/M suffixes.\n");
 }
 
@@ -135,6 +150,7 @@ static void parse_args(config_t *c, int argc, char **argv) {
   c->refresh_every = 10;
   c->data_dir = OSFT_TRAIN_DATA_DIR;
   c->check_ratio = 0.5;
+  c->device = "auto";
   c->d.k = 8;
   c->d.e = 16;
   c->d.inter = 256;
@@ -151,6 +167,10 @@ static void parse_args(config_t *c, int argc, char **argv) {
     }
     if (strcmp(f, "--grad-check") == 0) {
       c->grad_check = 1;
+      continue;
+    }
+    if (strcmp(f, "--print-losses") == 0) {
+      c->print_losses = 1;
       continue;
     }
     if (i + 1 >= argc) {
@@ -205,6 +225,8 @@ static void parse_args(config_t *c, int argc, char **argv) {
       c->data_dir = v;
     else if (strcmp(f, "--check-ratio") == 0)
       c->check_ratio = parse_real(f, v);
+    else if (strcmp(f, "--device") == 0)
+      c->device = v;
     else {
       usage(stderr);
       train_fail("unknown flag %s", f);
@@ -220,7 +242,7 @@ static void parse_args(config_t *c, int argc, char **argv) {
 static osft_context_t new_context(void) {
   osft_context_options_t o;
   CHECK(OSFT_CONTEXT_OPTIONS_INIT(&o));
-  o.device_type = OSFT_DEVICE_CPU;
+  o.device_type = dev_context_type(); /* CUDA: GPU 0, the legacy default stream */
   osft_context_t ctx = NULL;
   CHECK(osft_context_create(&ctx, &o));
   return ctx;
@@ -272,6 +294,31 @@ typedef struct {
   double eval_a[MAX_EVALS], eval_b[MAX_EVALS];
 } run_t;
 
+/* The update after model_step: OSFT's gradient projection on the device
+ * (one batched call), the gradients to the host, the optimizer there, the
+ * parameters back to the device; OSFT: their projection (one batched call),
+ * back to the host mirrors, and the orthogonality residual. */
+static void update(const config_t *c, model_t *m, optimizer_t *o, double lr, int64_t step,
+                   run_t *run) {
+  if (m->osft) CHECK(osft_projector_project(m->proj));
+  model_grads_to_host(m);
+  optimizer_step(o, lr);
+  model_params_to_dev(m);
+  if (!m->osft) return;
+  CHECK(osft_projector_project_params(m->proj));
+  model_params_to_host(m);
+  double ru = 0, rv = 0;
+  CHECK(osft_projector_orthogonality(m->proj, &ru, &rv));
+  run->orth_max = fmax(run->orth_max, fmax(ru, rv));
+  if (c->check && !(fmax(ru, rv) <= 1e-5)) {
+    fprintf(stderr,
+            "osftrt_train: check failed: orthogonality residual %.2e (U) %.2e (V) "
+            "after step %lld\n",
+            ru, rv, (long long)step + 1);
+    exit(3);
+  }
+}
+
 /* Trains `m` on `task` for `steps` steps; evaluates both tasks every
  * eval_every steps when `track` (fine-tuning). */
 static void train(const config_t *c, model_t *m, optimizer_t *o, const char *label,
@@ -297,24 +344,12 @@ static void train(const config_t *c, model_t *m, optimizer_t *o, const char *lab
     batch_sample(&bt, task, &rng, c->batch, c->seq);
     const double t0 = now_seconds();
     const double loss = model_step(m, &bt, 1);
-    if (m->osft) CHECK(osft_projector_project(m->proj)); /* one batched call */
-    optimizer_step(o, schedule(base_lr, step, steps));
-    if (m->osft) {
-      CHECK(osft_projector_project_params(m->proj));
-      double ru = 0, rv = 0;
-      CHECK(osft_projector_orthogonality(m->proj, &ru, &rv));
-      run->orth_max = fmax(run->orth_max, fmax(ru, rv));
-      if (c->check && !(fmax(ru, rv) <= 1e-5)) {
-        fprintf(stderr,
-                "osftrt_train: check failed: orthogonality residual %.2e (U) %.2e (V) "
-                "after step %lld\n",
-                ru, rv, (long long)step + 1);
-        exit(3);
-      }
-    }
+    update(c, m, o, schedule(base_lr, step, steps), step, run);
     const double dt = now_seconds() - t0;
     if (!isfinite(loss))
       train_fail("%s: the loss is %f at step %lld", label, loss, (long long)step + 1);
+    if (c->print_losses)
+      printf("loss-bits %s step %lld %a\n", label, (long long)step + 1, loss);
     window_loss += loss;
     window_time += dt;
     train_time += dt;
@@ -335,6 +370,9 @@ static void train(const config_t *c, model_t *m, optimizer_t *o, const char *lab
       run->eval_step[run->nevals] = step + 1;
       run->eval_a[run->nevals] = model_eval(m, a, c->eval_tokens);
       run->eval_b[run->nevals] = model_eval(m, b, c->eval_tokens);
+      if (c->print_losses)
+        printf("loss-bits %s eval %lld %a %a\n", label, (long long)step + 1,
+               run->eval_a[run->nevals], run->eval_b[run->nevals]);
       run->nevals++;
     }
   }
@@ -452,6 +490,12 @@ static int largest(const param_t *p, int64_t *idx, int want) {
   return got;
 }
 
+/* Sets one entry of a parameter (host side) and uploads it. */
+static void set_entry(const param_t *p, float *x, float value) {
+  *x = value;
+  if (p->data_dev != NULL) dbuf_upload(p->data_dev);
+}
+
 /* Checks the backward of the model, dense and OSFT (the factor gradients
  * before projection), against central differences of the loss on one batch:
  * for the 3 largest gradient entries of every trainable tensor,
@@ -473,6 +517,7 @@ static int grad_check(const config_t *c, const corpus_t *text) {
     batch_alloc(&bt, c->batch * c->seq, c->d.k);
     batch_sample(&bt, text, &rng, c->batch, c->seq);
     model_step(&m, &bt, 1);
+    model_grads_to_host(&m);
     for (int t = 0; t < m.nparams; ++t) {
       const param_t *p = &m.params[t];
       int64_t idx[3];
@@ -480,11 +525,11 @@ static int grad_check(const config_t *c, const corpus_t *text) {
       for (int j = 0; j < n; ++j) {
         float *x = &p->data[(idx[j] / p->cols) * p->ld + idx[j] % p->cols];
         const float keep = *x, h = 3e-3f;
-        *x = keep + h;
+        set_entry(p, x, keep + h);
         const double up = model_step(&m, &bt, 0);
-        *x = keep - h;
+        set_entry(p, x, keep - h);
         const double down = model_step(&m, &bt, 0);
-        *x = keep;
+        set_entry(p, x, keep);
         const double fd = (up - down) / (2.0 * (double)h), an = p->grad[idx[j]];
         const double err = fabs(fd - an), tol = 0.03 * fmax(fabs(fd), fabs(an)) + 2e-4;
         worst = fmax(worst, err / tol);
@@ -508,6 +553,47 @@ static int grad_check(const config_t *c, const corpus_t *text) {
   return bad ? 3 : 0;
 }
 
+/* Chooses where libosftrt runs (--device); returns the visible GPUs. */
+static int select_device(const char *want) {
+  int gpus = 0;
+  CHECK(osft_device_count(OSFT_DEVICE_CUDA, &gpus));
+#ifdef OSFTRT_TRAIN_CUDA
+  const int built_cuda = 1;
+#else
+  const int built_cuda = 0;
+#endif
+  if (strcmp(want, "auto") == 0)
+    dev_select(built_cuda && gpus > 0 ? DEV_CUDA : DEV_HOST);
+  else if (strcmp(want, "cpu") == 0)
+    dev_select(DEV_HOST);
+  else if (strcmp(want, "staged") == 0)
+    dev_select(DEV_STAGED);
+  else if (strcmp(want, "cuda") == 0) {
+    if (!built_cuda)
+      train_fail("--device cuda: this trainer was built without CUDA (OSFTRT_CUDA=OFF)");
+    if (gpus == 0) train_fail("--device cuda: no CUDA GPU is visible");
+    dev_select(DEV_CUDA);
+  } else {
+    train_fail("--device: expected auto, cpu, cuda or staged, got '%s'", want);
+  }
+  return gpus;
+}
+
+static void print_device(int gpus) {
+  const dev_mode_t mode = dev_current();
+  if (mode == DEV_CUDA)
+    printf(
+        "device: cuda (GPU 0 of %d; the trainer's own glue and optimizer on the host)\n",
+        gpus);
+  else if (mode == DEV_STAGED)
+    printf(
+        "device: staged (CPU context; tensors copied between separate host buffers as "
+        "for a GPU; %d CUDA GPU(s) visible)\n",
+        gpus);
+  else
+    printf("device: cpu (%d CUDA GPU(s) visible)\n", gpus);
+}
+
 int main(int argc, char **argv) {
   config_t c;
   parse_args(&c, argc, argv);
@@ -515,13 +601,9 @@ int main(int argc, char **argv) {
   if (lib / 10000 != OSFT_VERSION_MAJOR || lib < OSFT_VERSION_NUMBER)
     train_fail("libosftrt %s does not match the headers %d.%d.%d", osft_version_string(),
                OSFT_VERSION_MAJOR, OSFT_VERSION_MINOR, OSFT_VERSION_PATCH);
-  int gpus = 0;
-  CHECK(osft_device_count(OSFT_DEVICE_CUDA, &gpus));
+  const int gpus = select_device(c.device);
   printf("osftrt_train: libosftrt %s (%s)\n", osft_version_string(), osft_build_info());
-  printf(
-      "device: CPU (%d CUDA GPU(s) visible; this trainer keeps its tensors in host "
-      "memory)\n",
-      gpus);
+  print_device(gpus);
 
   char path_a[4096], path_b[4096];
   snprintf(path_a, sizeof path_a, "%s/task_a.txt", c.data_dir);

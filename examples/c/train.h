@@ -7,9 +7,14 @@
  *                  layers, tiled SwiGLU MLPs, fused linear cross-entropy
  *   train_optim.c  AdamW and SOAP (eigenbases refreshed by batched osft_qr
  *                  power iteration)
+ *   train_device.c mirrored host/device buffers around the library calls
  *   osftrt_train.c flags, the experiment, the table
  *
- * Everything runs on the CPU: the trainer's own tensors are host memory.
+ * The trainer's own math runs on the CPU over host memory; libosftrt runs
+ * on the context's device (--device: a CUDA GPU when one is present, else
+ * the CPU), over the device side of mirrored buffers (dbuf_t) that the
+ * trainer copies around each library call. On the CPU the two sides are
+ * one buffer and nothing is copied.
  */
 #ifndef OSFTRT_TRAIN_H
 #define OSFTRT_TRAIN_H
@@ -100,6 +105,47 @@ typedef struct {
 void tview_mat(tview_t *v, float *data, int64_t rows, int64_t cols, int64_t ld);
 void tview_vec(tview_t *v, float *data, int64_t n);
 
+/* ----------------------------------------------------------- device */
+
+typedef enum {
+  DEV_HOST = 0,   /* CPU context; dev == host, no copies */
+  DEV_STAGED = 1, /* CPU context; dev a separate host copy (tests staging) */
+  DEV_CUDA = 2    /* CUDA context; dev is GPU memory */
+} dev_mode_t;
+/* Chosen once, before any buffer or context is made. */
+void dev_select(dev_mode_t mode);
+dev_mode_t dev_current(void);
+osft_device_type_t dev_context_type(void);
+/* Raw device bytes (not in DEV_HOST), zeroed; and a host -> dev copy. */
+void *dev_malloc_bytes(size_t bytes);
+void dev_free_bytes(void *p);
+void dev_upload_bytes(void *dev, const void *host, size_t bytes);
+
+/* A rows x cols float matrix (row stride ld) with a host side for the
+ * trainer's C code and a device side for libosftrt. In DEV_HOST they are
+ * the same memory and the copies do nothing. */
+typedef struct {
+  float *host;
+  void *dev;
+  int64_t rows, cols, ld;
+  size_t bytes; /* of the device side's span */
+  int own_host, own_dev;
+} dbuf_t;
+/* A new zeroed matrix (ld = cols), both sides. */
+void dbuf_alloc(dbuf_t *b, int64_t rows, int64_t cols);
+/* A device side for existing host memory (contents not copied). */
+void dbuf_mirror_host(dbuf_t *b, float *host, int64_t rows, int64_t cols, int64_t ld);
+/* A host side for device memory the library owns (downloaded now). */
+void dbuf_mirror_dev(dbuf_t *b, void *dev, int64_t rows, int64_t cols, int64_t ld);
+void dbuf_free(dbuf_t *b);
+void dbuf_upload(const dbuf_t *b);   /* host -> dev */
+void dbuf_download(const dbuf_t *b); /* dev -> host */
+void dbuf_upload_rows(const dbuf_t *b, int64_t rows);
+void dbuf_download_rows(const dbuf_t *b, int64_t rows);
+/* A tensor over the device side: its first `rows` rows; or 1-D (rows 1). */
+void tview_dev(tview_t *v, const dbuf_t *b, int64_t rows);
+void tview_dev_vec(tview_t *v, const dbuf_t *b);
+
 /* A trainable tensor: a rows x cols matrix (row stride ld) or a vector
  * (rows = 1), its compact gradient and the optimizer's state. */
 typedef struct {
@@ -109,6 +155,9 @@ typedef struct {
   float *grad;
   int matrix; /* 2-D: SOAP preconditions it */
   int decay;  /* AdamW weight decay applies */
+  /* the device sides libosftrt uses, when there are (else NULL): data and
+   * grad are their host sides */
+  dbuf_t *data_dev, *grad_dev;
   /* optimizer state, allocated by the optimizer */
   float *m, *v;
   float *l, *r, *ql, *qr; /* SOAP: Kronecker factors and their eigenbases */
@@ -120,11 +169,11 @@ enum { MAX_PARAMS = 128 };
 typedef struct {
   osft_flinear_t layer;
   int64_t n, k, r, l;
-  float *du, *ds, *dv;         /* compact: n x l, l, l x k */
-  tview_t du_t, ds_t, dv_t;    /* their tensors */
-  osft_flinear_grads_t grads;  /* for the MLP and the layer's backward */
-  tview_t u_low, s_low, v_low; /* views of the trainable factors */
-  tview_t u_high, v_high, s_high /* frozen, for the head's gradient */;
+  dbuf_t du, ds, dv;          /* factor gradients, compact: n x l, l, l x k */
+  tview_t du_t, ds_t, dv_t;   /* their device tensors */
+  osft_flinear_grads_t grads; /* for the MLP and the layer's backward */
+  dbuf_t u_low, s_low, v_low; /* the trainable factors: library memory and
+                                 host mirrors */
 } osft_proj_t;
 
 typedef struct {
@@ -133,11 +182,14 @@ typedef struct {
   osft_context_t ctx;
   weights_t w; /* dense: trained; OSFT: embedding and norms (frozen) */
   weights_t g; /* dense gradients (dense mode) */
+  /* dense mode: device sides of the MLP weights, the head and their
+   * gradients (gate, up, down) */
+  dbuf_t mlp_wd[MAX_BLOCKS][3], mlp_gd[MAX_BLOCKS][3], head_wd, head_gd;
   /* OSFT mode */
   osft_proj_t mix_p[MAX_BLOCKS], gate_p[MAX_BLOCKS], up_p[MAX_BLOCKS], down_p[MAX_BLOCKS],
       head_p;
-  float *head_merged; /* VOCAB x h: the head merged for the loss */
-  float *head_grad;   /* VOCAB x h: its dense gradient */
+  dbuf_t head_merged; /* VOCAB x h: the head merged for the loss */
+  dbuf_t head_grad;   /* VOCAB x h: its dense gradient */
   float *head_tmp;    /* VOCAB x l scratch */
   osft_comm_t comm;
   osft_projector_t proj;
@@ -145,11 +197,14 @@ typedef struct {
   osft_mlp_t mlp[MAX_BLOCKS];
   osft_flce_t ce;
   tview_t mlp_w[MAX_BLOCKS][3];
-  /* activations for up to max_tokens tokens */
+  /* activations for up to max_tokens tokens; dbuf_t: what the library
+   * reads or writes */
   int64_t max_tokens;
-  float *x[MAX_BLOCKS + 1], *a1[MAX_BLOCKS], *xm[MAX_BLOCKS], *a2[MAX_BLOCKS];
-  float *rstd1[MAX_BLOCKS], *rstd2[MAX_BLOCKS], *fin, *rstdf;
-  float *dx, *dxm, *dtmp, *dfin;
+  float *x[MAX_BLOCKS + 1], *xm[MAX_BLOCKS];
+  dbuf_t a1[MAX_BLOCKS], a2[MAX_BLOCKS], fin, dfin, dx, dxm, dtmp;
+  float *rstd1[MAX_BLOCKS], *rstd2[MAX_BLOCKS], *rstdf;
+  dbuf_t loss;       /* 1 float */
+  void *targets_dev; /* max_tokens int64 (not in DEV_HOST) */
   /* trainable tensors */
   param_t params[MAX_PARAMS];
   int nparams;
@@ -166,8 +221,15 @@ void model_create(model_t *m, osft_context_t ctx, const dims_t *d, const weights
                   int osft, const model_options_t *o);
 void model_destroy(model_t *m);
 /* Mean cross-entropy (nats per byte) of a batch; with `train` also every
- * trainable gradient (OSFT: the factor gradients, not yet projected). */
+ * trainable gradient, on the device side (OSFT: the factor gradients, not
+ * yet projected). */
 double model_step(model_t *m, const batch_t *b, int train);
+/* Gradients, device -> host sides (for the optimizer). */
+void model_grads_to_host(const model_t *m);
+/* Parameters, host -> device sides (after the optimizer changed them). */
+void model_params_to_dev(const model_t *m);
+/* Parameters, device -> host sides (after the library changed them). */
+void model_params_to_host(const model_t *m);
 /* Mean loss over `tokens` held-out tokens, in batches of m->max_tokens. */
 double model_eval(model_t *m, const corpus_t *c, int64_t tokens);
 int64_t model_trainable(const model_t *m);

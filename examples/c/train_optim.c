@@ -19,6 +19,10 @@
  * off (rank_tolerance < 0), as the header suggests for singular
  * preconditioners. Sides larger than max_precond are not rotated.
  * 1-D tensors and the embedding use AdamW. The trainer's own GEMMs use CBLAS.
+ *
+ * The optimizer works on the host sides of the parameters and gradients;
+ * only the batched QR runs on the context's device, its matrices staged
+ * there and back (train_device.c; no copies on the CPU).
  */
 #include <math.h>
 #include <stdio.h>
@@ -99,31 +103,36 @@ size_t optimizer_state_bytes(const optimizer_t *o) {
   return bytes * sizeof(float);
 }
 
-/* Every eigenbasis of every weight, refreshed by one batched call. */
+/* Stages an n x n host matrix for the batched QR: a device side in *buf,
+ * uploaded, and a tensor over it. */
+static const DLTensor *qr_stage(dbuf_t *buf, tview_t *view, float *a, int64_t n) {
+  dbuf_mirror_host(buf, a, n, n, n);
+  dbuf_upload(buf);
+  tview_dev(view, buf, n);
+  return &view->t;
+}
+
+/* Every eigenbasis of every weight, refreshed by one batched call on the
+ * context's device (the factors and bases staged there and back). */
 static void refresh_bases(optimizer_t *o, int iterations) {
   size_t count = 0;
   for (int i = 0; i < o->nparams; ++i)
     count += (o->params[i]->l != NULL) + (o->params[i]->r != NULL);
   if (count == 0) return;
   tview_t *views = xcalloc(2 * count, sizeof(tview_t));
+  dbuf_t *bufs = xcalloc(2 * count, sizeof(dbuf_t));
   const DLTensor **a = xcalloc(count, sizeof(DLTensor *));
   DLTensor **q = xcalloc(count, sizeof(DLTensor *));
   osft_status_t *st = xcalloc(count, sizeof(osft_status_t));
   size_t c = 0;
   for (int i = 0; i < o->nparams; ++i) {
     param_t *p = o->params[i];
-    if (p->l) {
-      tview_mat(&views[2 * c], p->l, p->rows, p->rows, p->rows);
-      tview_mat(&views[2 * c + 1], p->ql, p->rows, p->rows, p->rows);
-      a[c] = &views[2 * c].t;
-      q[c] = &views[2 * c + 1].t;
-      c++;
-    }
-    if (p->r) {
-      tview_mat(&views[2 * c], p->r, p->cols, p->cols, p->cols);
-      tview_mat(&views[2 * c + 1], p->qr, p->cols, p->cols, p->cols);
-      a[c] = &views[2 * c].t;
-      q[c] = &views[2 * c + 1].t;
+    for (int side = 0; side < 2; ++side) {
+      float *f = side ? p->r : p->l, *qf = side ? p->qr : p->ql;
+      const int64_t n = side ? p->cols : p->rows;
+      if (f == NULL) continue;
+      a[c] = qr_stage(&bufs[2 * c], &views[2 * c], f, n);
+      q[c] = (DLTensor *)qr_stage(&bufs[2 * c + 1], &views[2 * c + 1], qf, n);
       c++;
     }
   }
@@ -132,10 +141,15 @@ static void refresh_bases(optimizer_t *o, int iterations) {
   qo.rank_tolerance = -1.0; /* singular preconditioners are expected */
   const double t0 = now_seconds();
   CHECK(osft_qr_power_iteration(o->ctx, &qo, count, a, q, iterations, st));
+  for (size_t j = 0; j < 2 * count; ++j) {
+    if (j % 2 == 1) dbuf_download(&bufs[j]); /* the new basis */
+    dbuf_free(&bufs[j]);
+  }
   o->qr_seconds += now_seconds() - t0;
   o->qr_calls++;
   o->qr_matrices += (int64_t)count;
   free(views);
+  free(bufs);
   free(a);
   free(q);
   free(st);
