@@ -191,6 +191,15 @@ void *kernel_scratch(Context &ctx, size_t bytes, const char *what) {
   return grown_block(ctx, ctx.kernel_block, ctx.kernel_block_bytes, bytes, what);
 }
 
+void *kernel_scratch_if_available(Context &ctx, size_t bytes, const char *what) {
+  try {
+    return kernel_scratch(ctx, bytes, what);
+  } catch (const Error &e) {
+    if (e.status() != OSFT_STATUS_OUT_OF_MEMORY) throw;
+    return nullptr;
+  }
+}
+
 void *outer_workspace(Context &ctx, size_t bytes, const char *what) {
   return grown_block(ctx, ctx.outer_block, ctx.outer_block_bytes, bytes, what);
 }

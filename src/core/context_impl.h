@@ -96,6 +96,12 @@ void release_workspace(Context &ctx);
  * workspace_limit (it is the size of one kernel's partial results). */
 void *kernel_scratch(Context &ctx, size_t bytes, const char *what);
 
+/* kernel_scratch(), or nullptr when the memory is refused
+ * (OSFT_STATUS_OUT_OF_MEMORY; any other failure throws): for a kernel with a
+ * slower way that needs none, so that a refused allocation in the middle of
+ * an operation, after it wrote some outputs, cannot fail it halfway. */
+void *kernel_scratch_if_available(Context &ctx, size_t bytes, const char *what);
+
 /* The buffers of an operation that calls other operations (the tiled MLP
  * over flinear layers, whose calls take the workspace): a third block, kept
  * and grown like the workspace. Valid until the next outer_workspace()

@@ -173,13 +173,9 @@ void cpu_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float 
   const size_t na = f32_bytes(a), nb = f32_bytes(b), nc = f32_bytes(c);
   char *staging = nullptr;
   if (na + nb + nc > 0) {
-    try {
-      staging =
-          static_cast<char *>(kernel_scratch(ctx, na + nb + nc, "gemm fp32 staging"));
-    } catch (const Error &e) {
-      if (e.status() != OSFT_STATUS_OUT_OF_MEMORY) throw;
-      return gemm_unstaged(op_a, a, op_b, b, alpha, beta, c);
-    }
+    staging = static_cast<char *>(
+        kernel_scratch_if_available(ctx, na + nb + nc, "gemm fp32 staging"));
+    if (staging == nullptr) return gemm_unstaged(op_a, a, op_b, b, alpha, beta, c);
   }
   const F32View av = as_f32(a, reinterpret_cast<float *>(staging));
   const F32View bv = as_f32(b, reinterpret_cast<float *>(staging + na));

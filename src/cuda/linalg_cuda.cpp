@@ -174,8 +174,10 @@ void cuda_reduce(Context &ctx, Axis axis, const Mat &a, const Mat *b, float beta
   DeviceGuard guard(ctx.device_id);
   const size_t floats =
       static_cast<size_t>(cuda::reduce_scratch_floats(axis, a.rows, a.cols));
+  /* Refused partials (a first call with new shapes, mid-operation): one
+   * pass over all rows instead, slower but needing none. */
   float *partial = floats == 0 ? nullptr
-                               : static_cast<float *>(kernel_scratch(
+                               : static_cast<float *>(kernel_scratch_if_available(
                                      ctx, floats * sizeof(float), "reduce partial sums"));
   cuda::launch_reduce(stream_of(ctx), axis, a, b, beta, y, partial);
 }

@@ -263,7 +263,8 @@ void reduce_typed(cudaStream_t stream, Axis axis, const Mat &a, const Mat *b, fl
     check_launch("reduce_rows");
     return;
   }
-  const int64_t chunks = col_chunks(a.rows, a.cols);
+  /* Without scratch for the partial sums, one chunk of all rows. */
+  const int64_t chunks = scratch != nullptr ? col_chunks(a.rows, a.cols) : 1;
   const int64_t chunk_rows = ceil_div(a.rows, chunks);
   float *partial = chunks > 1 ? scratch : nullptr;
   const dim3 grid(static_cast<unsigned>(ceil_div(a.cols, kTileCols)),

@@ -53,7 +53,8 @@ void launch_flag_nonfinite(cudaStream_t stream, const Strided &a, int *flag);
 int64_t reduce_scratch_floats(Axis axis, int64_t rows, int64_t cols) noexcept;
 
 /* The reduction of Backend::reduce, accumulated in fp32; `scratch` holds
- * reduce_scratch_floats() floats. Dtypes: f32, bf16. */
+ * reduce_scratch_floats() floats, or is nullptr (one slower pass without
+ * partial sums). Dtypes: f32, bf16. */
 void launch_reduce(cudaStream_t stream, Axis axis, const Mat &a, const Mat *b, float beta,
                    const Vec &y, float *scratch);
 
