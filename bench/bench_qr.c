@@ -12,9 +12,11 @@
  *             the CPU; cuSOLVER sgeqrf + sorgqr on one stream on CUDA.
  *   osft      osft_qr_batch on the whole list in place, Householder and
  *             CholeskyQR2, with the default number of workers and with 1.
- *   power     one power-iteration step Q <- qr(A Q) for 96 pairs: the loop
- *             (GEMM then QR, one pair at a time) against
- *             osft_qr_power_iteration (--power; CPU only).
+ *   power     one power-iteration step Q <- qr(A Q) for 96 pairs (--power):
+ *             on the CPU the loop (GEMM then QR, one pair at a time) against
+ *             osft_qr_power_iteration; on CUDA osft_qr_power_iteration
+ *             against osft_qr_batch alone (PyTorch's power step is in
+ *             bench/gpu/peers_torch.py).
  *
  *   bench_qr [--scale S] [--layers L] [--reps R] [--device cpu|cuda]
  *            [--power] [--settle MS] [--csv FILE]
@@ -251,6 +253,7 @@ static void run_power_osft(void *arg) {
   run_args *r = arg;
   CHECK(osft_qr_power_iteration(r->ctx, &r->opts, (size_t)r->p->count, r->T->fa, r->T->q,
                                 1, NULL));
+  sync_device(r);
 }
 
 /* -------------------------------------------------------------- CUDA */
@@ -390,6 +393,70 @@ static void report_fallbacks(variant *cholesky) {
   CHECK(osft_set_log_callback(NULL, NULL, OSFT_LOG_OFF));
 }
 
+/* The power step Q <- qr(A Q) for the 96 pairs (A_i a fixed random matrix,
+ * Q_i the list itself) on the CPU: the loop GEMM + LAPACK against
+ * osft_qr_power_iteration. */
+static void power_cpu(problem *p, run_args *r, tensors *T, FILE *csv, int scale,
+                      int hidden, int mlp, int reps) {
+  p->factor = xmalloc(p->total * sizeof(float));
+  fill(p->factor, p->total, 777u);
+  tensors_make(T, p, p->work, p->factor, kDLCPU);
+  int nmax = 0;
+  for (int i = 0; i < p->count; ++i)
+    if (p->dims[i] > nmax) nmax = p->dims[i];
+  r->scratch = xmalloc(sizeof(float) * (size_t)nmax * nmax);
+  run_args pw = osft_args(r, OSFT_QR_HOUSEHOLDER, 0);
+  variant pv[2] = {
+      {"power step: loop GEMM + sgeqrf + sorgqr",
+       run_power_loop,
+       prepare_inputs,
+       r,
+       {0},
+       0},
+      {"power step: osft_qr_power_iteration",
+       run_power_osft,
+       prepare_inputs,
+       &pw,
+       {0},
+       0},
+  };
+  time_variants(pv, 2, reps);
+  printf("\n");
+  report(csv, "cpu", scale, p, pv, 2, hidden, mlp, reps);
+  free(r->scratch);
+  free(p->factor);
+}
+
+#ifdef BENCH_QR_CUDA
+/* The same on CUDA: osft_qr_power_iteration against the plain batched QR of
+ * the list (the step's QR part alone; bench/gpu/peers_torch.py times
+ * PyTorch's power step on the same shapes). */
+static void power_cuda(problem *p, run_args *r, tensors *T, FILE *csv, int scale,
+                       int hidden, int mlp, int reps) {
+  float *host = xmalloc(p->total * sizeof(float)), *factor = NULL;
+  fill(host, p->total, 777u);
+  CUDA_CHECK(cudaMalloc((void **)&factor, p->total * sizeof(float)));
+  CUDA_CHECK(cudaMemcpy(factor, host, p->total * sizeof(float), cudaMemcpyHostToDevice));
+  free(host);
+  tensors_make(T, p, g_cuda.work, factor, kDLCUDA);
+  run_args qr = osft_args(r, OSFT_QR_HOUSEHOLDER, 0);
+  run_args pw = osft_args(r, OSFT_QR_HOUSEHOLDER, 0);
+  variant pv[2] = {
+      {"qr only: osft_qr_batch householder", run_osft, prepare_inputs, &qr, {0}, 0},
+      {"power step: osft_qr_power_iteration",
+       run_power_osft,
+       prepare_inputs,
+       &pw,
+       {0},
+       0},
+  };
+  time_variants(pv, 2, reps);
+  printf("\n");
+  report(csv, "cuda", scale, p, pv, 2, hidden, mlp, reps);
+  CUDA_CHECK(cudaFree(factor));
+}
+#endif
+
 int main(int argc, char **argv) {
   int scale = 0, layers = 12, reps = 5, cuda = 0, power = 0;
   const char *csv_path = NULL;
@@ -425,7 +492,6 @@ int main(int argc, char **argv) {
   if (scale < 1) scale = cuda ? 1 : 8;
   if (reps < 1 || reps > MAX_REPS) reps = 5;
   if (layers < 1 || layers * 8 > MAX_MATS) layers = 12;
-  power = power && !cuda;
   const int hidden = 1024 / scale, mlp = 4096 / scale;
 
   problem p;
@@ -493,34 +559,12 @@ int main(int argc, char **argv) {
   report_fallbacks(&v[3]);
 
   if (power) {
-    /* Pairs (A_i, Q_i): A_i a fixed random matrix, Q_i the list itself. */
-    p.factor = xmalloc(p.total * sizeof(float));
-    fill(p.factor, p.total, 777u);
-    tensors_make(T, &p, p.work, p.factor, kDLCPU);
-    int nmax = 0;
-    for (int i = 0; i < p.count; ++i)
-      if (p.dims[i] > nmax) nmax = p.dims[i];
-    r.scratch = xmalloc(sizeof(float) * (size_t)nmax * nmax);
-    run_args pw = osft_args(&r, OSFT_QR_HOUSEHOLDER, 0);
-    variant pv[2] = {
-        {"power step: loop GEMM + sgeqrf + sorgqr",
-         run_power_loop,
-         prepare_inputs,
-         &r,
-         {0},
-         0},
-        {"power step: osft_qr_power_iteration",
-         run_power_osft,
-         prepare_inputs,
-         &pw,
-         {0},
-         0},
-    };
-    time_variants(pv, 2, reps);
-    printf("\n");
-    report(csv, "cpu", scale, &p, pv, 2, hidden, mlp, reps);
-    free(r.scratch);
-    free(p.factor);
+#ifdef BENCH_QR_CUDA
+    if (cuda)
+      power_cuda(&p, &r, T, csv, scale, hidden, mlp, reps);
+    else
+#endif
+      power_cpu(&p, &r, T, csv, scale, hidden, mlp, reps);
   }
   if (csv) fclose(csv);
   CHECK(osft_context_destroy(r.ctx));

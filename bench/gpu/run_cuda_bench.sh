@@ -22,7 +22,7 @@ rc=0
   "$build/bench/bench_flce" --device cuda --reps 5 --csv "$out/flce_cuda.csv" || rc=1
   "$build/bench/bench_mlp" --device cuda --reps 3 --csv "$out/mlp_cuda.csv" || rc=1
   "$build/bench/bench_flinear" --device cuda --reps 5 --csv "$out/flinear_cuda.csv" || rc=1
-  "$build/bench/bench_qr" --device cuda --reps 3 --csv "$out/qr_cuda.csv" || rc=1
+  "$build/bench/bench_qr" --device cuda --reps 3 --power --csv "$out/qr_cuda.csv" || rc=1
   PYTHONUNBUFFERED=1 python3 "$root/bench/gpu/peers_torch.py" --device cuda --outdir "$out" || rc=1
 } 2>&1 | tee "$out/bench.log"
 exit $rc
