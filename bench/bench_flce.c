@@ -32,12 +32,10 @@
 #include <string.h>
 #include <time.h>
 
-#ifdef OSFT_BENCH_CUDA
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
-#endif
-
 #include "bench_util.h"
+#ifdef OSFT_BENCH_CUDA
+#include "bench_cuda.h"
+#endif
 #include "osftrt/osftrt.h"
 
 static float *fill(size_t n, float scale, unsigned seed) {
@@ -58,31 +56,6 @@ typedef struct {
   float *loss;
   void *blas; /* cublasHandle_t */
 } problem;
-
-#ifdef OSFT_BENCH_CUDA
-static void cuda_check(cudaError_t e, const char *what) {
-  if (e != cudaSuccess) {
-    fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    exit(1);
-  }
-}
-
-/* A device copy of n host floats, as bf16 (or fp32 if !narrow). */
-static void *upload(const float *host, size_t n, int narrow) {
-  void *dev;
-  const size_t bytes = n * (narrow ? 2 : 4);
-  cuda_check(cudaMalloc(&dev, bytes), "cudaMalloc");
-  if (narrow) {
-    uint16_t *b = xmalloc(n * 2);
-    for (size_t i = 0; i < n; ++i) b[i] = to_bf16(host[i]);
-    cuda_check(cudaMemcpy(dev, b, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-    free(b);
-  } else {
-    cuda_check(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-  }
-  return dev;
-}
-#endif
 
 /* Host buffers, moved to the GPU for CUDA problems. */
 static void problem_init(problem *p, int cuda, int m, int h, int v) {
@@ -161,23 +134,6 @@ static void sgemm(int ta, int tb, int m, int n, int k, const float *a, int lda,
               tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c,
               ldc);
 }
-
-#ifdef OSFT_BENCH_CUDA
-/* The same on cuBLAS: bf16 A and B, fp32 accumulation, C of c_type.
- * Row-major C = A B is column-major C^T = B^T A^T. */
-static void gemm_bf16(cublasHandle_t h, int ta, int tb, int m, int n, int k,
-                      const void *a, int lda, const void *b, int ldb, void *c, int ldc,
-                      cudaDataType c_type) {
-  const float one = 1.0f, zero = 0.0f;
-  if (cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n,
-                   m, k, &one, b, CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &zero, c, c_type,
-                   ldc, CUBLAS_COMPUTE_32F,
-                   CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
-    fprintf(stderr, "cublasGemmEx failed\n");
-    exit(1);
-  }
-}
-#endif
 
 static void three_gemms(problem *p) {
   if (!p->cuda) {

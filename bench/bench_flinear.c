@@ -37,12 +37,10 @@
 #include <string.h>
 #include <time.h>
 
-#ifdef OSFT_BENCH_CUDA
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
-#endif
-
 #include "bench_util.h"
+#ifdef OSFT_BENCH_CUDA
+#include "bench_cuda.h"
+#endif
 #include "osftrt/osftrt.h"
 
 static float *fill(size_t n) {
@@ -158,46 +156,14 @@ static void cpu_problem_free(problem *p) {
 /* ------------------------------------------------ CUDA baseline (bf16) */
 
 #ifdef OSFT_BENCH_CUDA
-static void cuda_check(cudaError_t e, const char *what) {
-  if (e != cudaSuccess) {
-    fprintf(stderr, "%s failed: %s\n", what, cudaGetErrorString(e));
-    exit(1);
-  }
-}
-
-static void cublas_check(cublasStatus_t s, const char *what) {
-  if (s != CUBLAS_STATUS_SUCCESS) {
-    fprintf(stderr, "%s failed: cuBLAS status %d\n", what, (int)s);
-    exit(1);
-  }
-}
-
 /* n fresh values uniform in [-scale/2, scale/2) from `seed`, as bf16 on the
  * GPU. */
 static void *upload_bf16(size_t n, unsigned seed, float scale) {
   float *host = xmalloc(n * sizeof(float));
-  uint16_t *b = xmalloc(n * sizeof(uint16_t));
   fill_uniform(host, n, seed, scale);
-  for (size_t i = 0; i < n; ++i) b[i] = to_bf16(host[i]);
-  void *dev = NULL;
-  cuda_check(cudaMalloc(&dev, n * sizeof(uint16_t)), "cudaMalloc");
-  cuda_check(cudaMemcpy(dev, b, n * sizeof(uint16_t), cudaMemcpyHostToDevice),
-             "cudaMemcpy");
-  free(b);
+  void *dev = upload(host, n, 1);
   free(host);
   return dev;
-}
-
-/* C (m x n) = op(A) op(B), row-major, bf16 A, B and C, fp32 accumulation.
- * Row-major C = A B is column-major C^T = B^T A^T. */
-static void gemm_bf16(cublasHandle_t h, int ta, int tb, int m, int n, int k,
-                      const void *a, int lda, const void *b, int ldb, void *c, int ldc) {
-  const float one = 1.0f, zero = 0.0f;
-  cublas_check(
-      cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n,
-                   m, k, &one, b, CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &zero, c,
-                   CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-      "cublasGemmEx");
 }
 
 typedef struct {
@@ -208,9 +174,10 @@ typedef struct {
 
 static void gpu_dense_step(gpu_problem *p) {
   const int m = p->m, n = p->n, k = p->k;
-  gemm_bf16(p->blas, 0, 1, m, n, k, p->x, k, p->w, k, p->y, n);  /* y = x W^T */
-  gemm_bf16(p->blas, 0, 0, m, k, n, p->g, n, p->w, k, p->dx, k); /* dx = g W */
-  gemm_bf16(p->blas, 1, 0, n, k, m, p->g, n, p->x, k, p->dw, k); /* dW = g^T x */
+  /* y = x W^T, dx = g W, dW = g^T x, all bf16 */
+  gemm_bf16(p->blas, 0, 1, m, n, k, p->x, k, p->w, k, p->y, n, CUDA_R_16BF);
+  gemm_bf16(p->blas, 0, 0, m, k, n, p->g, n, p->w, k, p->dx, k, CUDA_R_16BF);
+  gemm_bf16(p->blas, 1, 0, n, k, m, p->g, n, p->x, k, p->dw, k, CUDA_R_16BF);
   cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
