@@ -393,6 +393,24 @@ static void report_fallbacks(variant *cholesky) {
   CHECK(osft_set_log_callback(NULL, NULL, OSFT_LOG_OFF));
 }
 
+/* osft_qr_power_iteration timed against `reference` (reported first). */
+static void time_power(variant reference, const problem *p, const run_args *r, FILE *csv,
+                       const char *device, int scale, int hidden, int mlp, int reps) {
+  run_args pw = osft_args(r, OSFT_QR_HOUSEHOLDER, 0);
+  variant pv[2] = {
+      reference,
+      {"power step: osft_qr_power_iteration",
+       run_power_osft,
+       prepare_inputs,
+       &pw,
+       {0},
+       0},
+  };
+  time_variants(pv, 2, reps);
+  printf("\n");
+  report(csv, device, scale, p, pv, 2, hidden, mlp, reps);
+}
+
 /* The power step Q <- qr(A Q) for the 96 pairs (A_i a fixed random matrix,
  * Q_i the list itself) on the CPU: the loop GEMM + LAPACK against
  * osft_qr_power_iteration. */
@@ -405,24 +423,13 @@ static void power_cpu(problem *p, run_args *r, tensors *T, FILE *csv, int scale,
   for (int i = 0; i < p->count; ++i)
     if (p->dims[i] > nmax) nmax = p->dims[i];
   r->scratch = xmalloc(sizeof(float) * (size_t)nmax * nmax);
-  run_args pw = osft_args(r, OSFT_QR_HOUSEHOLDER, 0);
-  variant pv[2] = {
-      {"power step: loop GEMM + sgeqrf + sorgqr",
-       run_power_loop,
-       prepare_inputs,
-       r,
-       {0},
-       0},
-      {"power step: osft_qr_power_iteration",
-       run_power_osft,
-       prepare_inputs,
-       &pw,
-       {0},
-       0},
-  };
-  time_variants(pv, 2, reps);
-  printf("\n");
-  report(csv, "cpu", scale, p, pv, 2, hidden, mlp, reps);
+  const variant loop = {"power step: loop GEMM + sgeqrf + sorgqr",
+                        run_power_loop,
+                        prepare_inputs,
+                        r,
+                        {0},
+                        0};
+  time_power(loop, p, r, csv, "cpu", scale, hidden, mlp, reps);
   free(r->scratch);
   free(p->factor);
 }
@@ -440,19 +447,9 @@ static void power_cuda(problem *p, run_args *r, tensors *T, FILE *csv, int scale
   free(host);
   tensors_make(T, p, g_cuda.work, factor, kDLCUDA);
   run_args qr = osft_args(r, OSFT_QR_HOUSEHOLDER, 0);
-  run_args pw = osft_args(r, OSFT_QR_HOUSEHOLDER, 0);
-  variant pv[2] = {
-      {"qr only: osft_qr_batch householder", run_osft, prepare_inputs, &qr, {0}, 0},
-      {"power step: osft_qr_power_iteration",
-       run_power_osft,
-       prepare_inputs,
-       &pw,
-       {0},
-       0},
-  };
-  time_variants(pv, 2, reps);
-  printf("\n");
-  report(csv, "cuda", scale, p, pv, 2, hidden, mlp, reps);
+  const variant qr_only = {
+      "qr only: osft_qr_batch householder", run_osft, prepare_inputs, &qr, {0}, 0};
+  time_power(qr_only, p, r, csv, "cuda", scale, hidden, mlp, reps);
   CUDA_CHECK(cudaFree(factor));
 }
 #endif
