@@ -3,7 +3,8 @@
 # host buffers, on the CPU) and requires the same losses, bit for bit: every
 # training step's loss and every evaluation, printed exactly by
 # --print-losses. A missed or misplaced copy in the staging logic changes
-# them.
+# them; host code that reads the trainer's device memory outside a library
+# call or a copy (a crash on a GPU) faults in staged mode and exits 4.
 #
 #   cmake -DTRAINER=path/to/osftrt_train "-DARGS=--seed;1;..." -P this file
 if(NOT TRAINER)

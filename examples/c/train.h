@@ -24,8 +24,10 @@
 
 #include "osftrt/osftrt.h"
 
-/* Stops the program with a clear message when a libosftrt call fails. */
-#define CHECK(call) train_check((call), #call, __FILE__, __LINE__)
+/* Stops the program with a clear message when a libosftrt call fails; the
+ * call runs with device memory open (see dev_guard_open). */
+#define CHECK(call) \
+  (dev_guard_open(), train_check((call), #call, __FILE__, __LINE__), dev_guard_close())
 void train_check(osft_status_t st, const char *what, const char *file, int line);
 /* Stops the program with a message (not a library error). */
 void train_fail(const char *fmt, ...);
@@ -118,7 +120,13 @@ dev_mode_t dev_current(void);
 osft_device_type_t dev_context_type(void);
 /* Raw device bytes (not in DEV_HOST), zeroed; and a host -> dev copy. */
 void *dev_malloc_bytes(size_t bytes);
-void dev_free_bytes(void *p);
+void dev_free_bytes(void *p, size_t bytes);
+/* DEV_STAGED: device memory is readable only between dev_guard_open() and
+ * dev_guard_close() (nested; CHECK and the copies do this), so host code
+ * that touches it faults as it would on a GPU. No-ops in the other modes. */
+void dev_guard_open(void);
+void dev_guard_close(void);
+
 void dev_upload_bytes(void *dev, const void *host, size_t bytes);
 
 /* A rows x cols float matrix (row stride ld) with a host side for the

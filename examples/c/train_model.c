@@ -309,7 +309,7 @@ static void activations_free(model_t *m) {
   dbuf_free(&m->dtmp);
   dbuf_free(&m->dfin);
   dbuf_free(&m->loss);
-  dev_free_bytes(m->targets_dev);
+  dev_free_bytes(m->targets_dev, sizeof(int64_t) * (size_t)m->max_tokens);
 }
 
 /* Every weight dense and trainable; the MLPs over dense device weights. */
