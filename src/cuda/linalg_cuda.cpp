@@ -137,6 +137,11 @@ void cuda_fill_zero(Context &ctx, const Mat &dst) {
   cuda::launch_fill_zero(stream_of(ctx), strided(dst));
 }
 
+/* op(m) as a strided view: a transpose swaps the strides. */
+Strided op_view(Op op, const Mat &m) {
+  return op == Op::N ? strided(m) : transposed(strided(m));
+}
+
 void cuda_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float alpha,
                float beta, const Mat &c) {
   if (c.rows == 0 || c.cols == 0) return;
@@ -152,9 +157,14 @@ void cuda_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float
   if (a.dtype == OSFTI_BF16 || c.dtype == OSFTI_F32)
     return gemm_ex(ctx, op_a, a, op_b, b, k, alpha, beta, c);
   /* cuBLAS has no fp32 x fp32 -> bf16 GemmEx: go through an fp32 C, in the
-   * context's kernel scratch (kept between calls). */
-  void *staging = kernel_scratch(
+   * context's kernel scratch (kept between calls). Refused (a first call
+   * with new shapes, which may have written outputs already): a kernel of
+   * our own that needs none, so the call does not fail halfway. */
+  void *staging = kernel_scratch_if_available(
       ctx, static_cast<size_t>(c.rows * c.cols) * sizeof(float), "gemm fp32 output");
+  if (staging == nullptr)
+    return cuda::launch_gemm_unstaged(stream_of(ctx), op_view(op_a, a), op_view(op_b, b),
+                                      alpha, beta, strided(c));
   const Mat c32{staging, c.rows, c.cols, c.cols, OSFTI_F32};
   if (beta != 0.0f) copy(ctx, strided(c), strided(c32));
   gemm_ex(ctx, op_a, a, op_b, b, k, alpha, beta, c32);

@@ -279,6 +279,37 @@ void reduce_typed(cudaStream_t stream, Axis axis, const Mat &a, const Mat *b, fl
   check_launch("reduce_chunks");
 }
 
+/* ------------------------------------------------------------ gemm fallback */
+
+constexpr int kGemmTile = 16;
+
+/* One kGemmTile x kGemmTile tile of c per block (grid-stride over row
+ * tiles), its k loop through shared memory; fp32 sums. */
+template <class A, class B, class C>
+__global__ void gemm_unstaged_kernel(View<const A> a, View<const B> b, View<C> c,
+                                     int64_t m, int64_t n, int64_t k, float alpha,
+                                     float beta) {
+  __shared__ float as[kGemmTile][kGemmTile + 1], bs[kGemmTile][kGemmTile + 1];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kGemmTile + tx;
+  for (int64_t i0 = static_cast<int64_t>(blockIdx.y) * kGemmTile; i0 < m;
+       i0 += static_cast<int64_t>(gridDim.y) * kGemmTile) {
+    const int64_t i = i0 + ty;
+    float acc = 0.0f;
+    for (int64_t l0 = 0; l0 < k; l0 += kGemmTile) {
+      as[ty][tx] = i < m && l0 + tx < k ? load<float>(a.at(i, l0 + tx)) : 0.0f;
+      bs[ty][tx] = l0 + ty < k && j < n ? load<float>(b.at(l0 + ty, j)) : 0.0f;
+      __syncthreads();
+      for (int l = 0; l < kGemmTile; ++l) acc += as[ty][l] * bs[l][tx];
+      __syncthreads();
+    }
+    if (i < m && j < n) {
+      float v = alpha * acc;
+      if (beta != 0.0f) v += beta * load<float>(c.at(i, j));
+      store(c.at(i, j), v);
+    }
+  }
+}
 }  // namespace
 
 void launch_scale(cudaStream_t stream, Axis axis, const Strided &src, const Vec *s,
@@ -344,6 +375,27 @@ void launch_reduce(cudaStream_t stream, Axis axis, const Mat &a, const Mat *b, f
       });
     });
   });
+}
+
+void launch_gemm_unstaged(cudaStream_t stream, const Strided &a, const Strided &b,
+                          float alpha, float beta, const Strided &c) {
+  if (c.rows == 0 || c.cols == 0) return;
+  const dim3 grid(
+      static_cast<unsigned>(ceil_div(c.cols, kGemmTile)),
+      static_cast<unsigned>(std::min<int64_t>(ceil_div(c.rows, kGemmTile), 65535)));
+  with_type<false>(a.dtype, [&](auto a_tag) {
+    with_type<false>(b.dtype, [&](auto b_tag) {
+      with_type<false>(c.dtype, [&](auto c_tag) {
+        using A = typename decltype(a_tag)::type;
+        using B = typename decltype(b_tag)::type;
+        using C = typename decltype(c_tag)::type;
+        gemm_unstaged_kernel<A, B, C><<<grid, dim3(kGemmTile, kGemmTile), 0, stream>>>(
+            view_of<const A>(a), view_of<const B>(b), view_of<C>(c), c.rows, c.cols,
+            a.cols, alpha, beta);
+      });
+    });
+  });
+  check_launch("gemm_unstaged");
 }
 
 }  // namespace osft::cuda

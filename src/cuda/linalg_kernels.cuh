@@ -58,6 +58,14 @@ int64_t reduce_scratch_floats(Axis axis, int64_t rows, int64_t cols) noexcept;
 void launch_reduce(cudaStream_t stream, Axis axis, const Mat &a, const Mat *b, float beta,
                    const Vec &y, float *scratch);
 
+/* c = alpha a b + beta c (beta == 0 never reads c) for a (m x k), b
+ * (k x n), c (m x n): a transpose is a transposed() view. fp32 accumulation
+ * in a plain shared-memory tiled kernel that needs no memory of its own:
+ * the fallback of a GEMM whose fp32 staging was refused (slow; only then).
+ * Dtypes: a, b f32 or bf16; c f32 or bf16. */
+void launch_gemm_unstaged(cudaStream_t stream, const Strided &a, const Strided &b,
+                          float alpha, float beta, const Strided &c);
+
 }  // namespace osft::cuda
 
 #endif

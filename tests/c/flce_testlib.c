@@ -225,7 +225,32 @@ void check_argmax(const flce_case *c, const flce_tensors *T, const ref_out *r,
   free(am);
 }
 
-void run_case(osft_context_t ctx, const flce_case *c) {
+/* The outputs' bytes, in a fixed order (for "nothing written"). */
+static void **output_bytes(const flce_tensors *T, size_t *sizes) {
+  const tt *outs[8] = {T->loss, T->dx, T->dw, T->db, T->z, T->acc, T->amax, T->tok};
+  void **b = calloc(8, sizeof(void *));
+  for (int i = 0; i < 8; ++i) b[i] = outs[i] ? tt_bytes(outs[i], &sizes[i]) : NULL;
+  return b;
+}
+
+static void expect_unwritten(const flce_tensors *T, void **before, const size_t *sizes,
+                             const char *name) {
+  size_t now_sizes[8] = {0};
+  void **now = output_bytes(T, now_sizes);
+  static const char *names[8] = {"loss",   "grad_x",   "grad_weight", "grad_bias",
+                                 "z_loss", "accuracy", "argmax",      "token_loss"};
+  for (int i = 0; i < 8; ++i) {
+    if (before[i] && memcmp(before[i], now[i], sizes[i]) != 0)
+      fail_msg("%s: the refused call wrote %s", name, names[i]);
+    free(before[i]);
+    free(now[i]);
+  }
+  free(before);
+  free(now);
+}
+
+osft_status_t run_case_refusing(osft_context_t ctx, const flce_case *c,
+                                test_alloc_state *a, long granted, int device) {
   char name[320];
   describe(c, name, sizeof name);
   test_seed(name);
@@ -242,41 +267,55 @@ void run_case(osft_context_t ctx, const flce_case *c) {
   osft_flce_inputs_t in;
   osft_flce_outputs_t out;
   flce_bind(c, &T, &in, &out);
-  assert_ok(osft_flce_compute(f, &in, &out));
+  size_t sizes[8] = {0};
+  void **before = output_bytes(&T, sizes);
+  if (a != NULL) *(device ? &a->fail_device_after : &a->fail_host_after) = granted;
+  const osft_status_t st = osft_flce_compute(f, &in, &out);
+  if (st != OSFT_STATUS_SUCCESS) {
+    if (st != OSFT_STATUS_OUT_OF_MEMORY)
+      fail_msg("%s: a refused allocation gave %s, not OUT_OF_MEMORY", name,
+               osft_status_string(st));
+    expect_unwritten(&T, before, sizes, name);
+  } else {
+    for (int i = 0; i < 8; ++i) free(before[i]);
+    free(before);
+  }
 
-  const int per_token = c->reduction == OSFT_FLCE_NONE;
-  const double lt = loss_tol(c);
-  if (T.loss) {
-    if (per_token)
-      expect_close("loss", name, T.loss, r.tok, lt);
-    else
-      expect_scalar("loss", name, T.loss, r.loss, lt);
-  }
-  if (T.z) {
-    if (per_token)
-      expect_close("z_loss", name, T.z, r.ztok, lt);
-    else
-      expect_scalar("z_loss", name, T.z, r.z, lt);
-  }
-  if (T.tok) expect_close("token_loss", name, T.tok, r.tok, lt);
-  if (T.amax) check_argmax(c, &T, &r, name);
-  if (T.dx) {
-    double *e = plus_initial(dx0, r.dx, c->m * c->h);
-    expect_close("grad_x", name, T.dx, e, grad_tol(c->dtype, c));
-    free(e);
-  }
-  if (T.dw) {
-    double *e = plus_initial(dw0, r.dw, c->v * c->h);
-    const int rounded_often =
-        c->accumulator == OSFT_FLCE_ACCUMULATOR_OUTPUT && c->grad_w_dtype == TT_BF16;
-    expect_close("grad_weight", name, T.dw, e,
-                 grad_tol(c->grad_w_dtype, c) * (rounded_often ? 2 : 1));
-    free(e);
-  }
-  if (T.db) {
-    double *e = plus_initial(db0, r.db, c->v);
-    expect_close("grad_bias", name, T.db, e, grad_tol(c->grad_b_dtype, c));
-    free(e);
+  if (st == OSFT_STATUS_SUCCESS) {
+    const int per_token = c->reduction == OSFT_FLCE_NONE;
+    const double lt = loss_tol(c);
+    if (T.loss) {
+      if (per_token)
+        expect_close("loss", name, T.loss, r.tok, lt);
+      else
+        expect_scalar("loss", name, T.loss, r.loss, lt);
+    }
+    if (T.z) {
+      if (per_token)
+        expect_close("z_loss", name, T.z, r.ztok, lt);
+      else
+        expect_scalar("z_loss", name, T.z, r.z, lt);
+    }
+    if (T.tok) expect_close("token_loss", name, T.tok, r.tok, lt);
+    if (T.amax) check_argmax(c, &T, &r, name);
+    if (T.dx) {
+      double *e = plus_initial(dx0, r.dx, c->m * c->h);
+      expect_close("grad_x", name, T.dx, e, grad_tol(c->dtype, c));
+      free(e);
+    }
+    if (T.dw) {
+      double *e = plus_initial(dw0, r.dw, c->v * c->h);
+      const int rounded_often =
+          c->accumulator == OSFT_FLCE_ACCUMULATOR_OUTPUT && c->grad_w_dtype == TT_BF16;
+      expect_close("grad_weight", name, T.dw, e,
+                   grad_tol(c->grad_w_dtype, c) * (rounded_often ? 2 : 1));
+      free(e);
+    }
+    if (T.db) {
+      double *e = plus_initial(db0, r.db, c->v);
+      expect_close("grad_bias", name, T.db, e, grad_tol(c->grad_b_dtype, c));
+      free(e);
+    }
   }
   assert_ok(osft_flce_destroy(f));
   ref_free(&r);
@@ -289,4 +328,9 @@ void run_case(osft_context_t ctx, const flce_case *c) {
   free(dw0);
   free(db0);
   free_tensors(&T);
+  return st;
+}
+
+void run_case(osft_context_t ctx, const flce_case *c) {
+  assert_ok(run_case_refusing(ctx, c, NULL, -1, 0));
 }
