@@ -269,7 +269,7 @@ osft_status_t run_case_refusing(osft_context_t ctx, const flce_case *c,
   flce_bind(c, &T, &in, &out);
   size_t sizes[8] = {0};
   void **before = output_bytes(&T, sizes);
-  if (a != NULL) *(device ? &a->fail_device_after : &a->fail_host_after) = granted;
+  if (a != NULL) test_alloc_refuse(a, device, granted);
   const osft_status_t st = osft_flce_compute(f, &in, &out);
   if (st != OSFT_STATUS_SUCCESS) {
     if (st != OSFT_STATUS_OUT_OF_MEMORY)

@@ -118,11 +118,11 @@ void check_argmax(const flce_case *c, const flce_tensors *T, const ref_out *r,
 /* Runs one case and checks every requested output. */
 void run_case(osft_context_t ctx, const flce_case *c);
 
-/* The same, on a counting context whose allocator `a` grants `granted` more
- * host (device: 0) or device (1) allocations during the compute call and
- * refuses the rest: the call either succeeds with every output checked, or
- * returns OSFT_STATUS_OUT_OF_MEMORY with every output byte as it was. The
- * counter is left as the call left it (> 0: fewer allocations were made). */
+/* The same, on a counting context whose allocator `a` refuses allocations
+ * during the compute call (test_alloc_refuse(a, device, granted)): the call
+ * either succeeds with every output checked, or returns
+ * OSFT_STATUS_OUT_OF_MEMORY with every output byte as it was. The refusal
+ * is left on: the caller ends it with test_alloc_unrefuse(). */
 osft_status_t run_case_refusing(osft_context_t ctx, const flce_case *c,
                                 test_alloc_state *a, long granted, int device);
 

@@ -164,4 +164,7 @@ void snapshot_take(snapshot *s, tt *y, const grads *G);
 /* Asserts that nothing changed, and forgets the snapshot. */
 void snapshot_expect_untouched(snapshot *s);
 
+/* Forgets the snapshot (the call succeeded). */
+void snapshot_forget(snapshot *s);
+
 #endif

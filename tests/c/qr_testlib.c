@@ -57,6 +57,14 @@ double *conditioned(int64_t m, int64_t n, double kappa) {
   return a;
 }
 
+double *matmul(const double *a, const double *b, int64_t m, int64_t k, int64_t n) {
+  double *c = zeros(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t t = 0; t < k; ++t)
+      for (int64_t j = 0; j < n; ++j) c[i * n + j] += a[i * k + t] * b[t * n + j];
+  return c;
+}
+
 double frob(const double *x, int64_t n) {
   double s = 0;
   for (int64_t i = 0; i < n; ++i) s += x[i] * x[i];

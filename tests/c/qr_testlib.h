@@ -38,6 +38,9 @@ double *conditioned(int64_t m, int64_t n, double kappa);
 
 double frob(const double *x, int64_t n);
 
+/* c (m x n) = a (m x k) b (k x n), row-major, malloc'ed. */
+double *matmul(const double *a, const double *b, int64_t m, int64_t k, int64_t n);
+
 /* Checks Q (and R if given) of A: ||Q^T Q - I||_F and ||Q R - A||_F / ||A||_F
  * within 30 max(m, n) eps; R upper triangular with diag(R) >= 0 (without
  * R: diag(Q^T A) > 0); Q within 20 kappa max(m, n) eps of the Gram-Schmidt

@@ -128,33 +128,14 @@ static void test_refused_staging_still_computes(void **state) {
   tt_expect_all_returned(&a);
 }
 
-/* Refuses the (granted+1)-th allocation of the first call and every later
- * one, for each granted = 0, 1, ... until the call no longer reaches the
- * refusal: the call must fail with OUT_OF_MEMORY having written nothing (not
- * even an accumulated gradient), or succeed with every output right. */
-static void sweep_refusals(flce_case *c, int device) {
-  int refused = 0, succeeded = 0;
-  for (long granted = 0;; ++granted) {
-    assert_true(granted < 400);
-    test_alloc_state a;
-    osft_context_t ctx = tt_counting_context(&a);
-    const osft_status_t st = run_case_refusing(ctx, c, &a, granted, device);
-    const long remaining = device ? a.fail_device_after : a.fail_host_after;
-    a.fail_host_after = a.fail_device_after = -1;
-    assert_ok(osft_context_destroy(ctx));
-    tt_expect_all_returned(&a);
-    refused += st != OSFT_STATUS_SUCCESS;
-    succeeded += st == OSFT_STATUS_SUCCESS;
-    if (remaining > 0) break; /* the call made fewer than `granted` */
-  }
-  assert_true(succeeded > 0);
-  /* the call's first allocation (its scratch) has no fallback */
-  if (device == (tt_device() != OSFT_DEVICE_CPU)) assert_true(refused > 0);
+/* A tt_refused_call (test_tensors.h) of one first compute. */
+static void refused_compute(void *user, osft_context_t ctx, test_alloc_state *a,
+                            int device, long granted) {
+  run_case_refusing(ctx, user, a, granted, device);
 }
 
 static void test_every_refusal_is_clean(void **state) {
   (void)state;
-  const int cuda = tt_device() != OSFT_DEVICE_CPU;
   /* m, h, v, chunk rows (0: one chunk, no accumulator) */
   static const int64_t shapes[3][4] = {{30, 5, 17, 8}, {40, 6, 23, 16}, {40, 6, 23, 0}};
   for (int dt = 0; dt < 2; ++dt)
@@ -165,8 +146,7 @@ static void test_every_refusal_is_clean(void **state) {
       c.chunk_rows = shapes[i][3];
       c.grad_b_dtype = c.dtype;
       c.accumulate = c.chunk_rows ? OSFT_FLCE_ACCUMULATE_GRAD_WEIGHT : 0;
-      sweep_refusals(&c, 0);
-      if (cuda) sweep_refusals(&c, 1);
+      tt_refusal_sweep(refused_compute, &c);
     }
 }
 

@@ -131,6 +131,79 @@ static void test_memory_is_returned(void **state) {
   tt_expect_all_returned(&a);
 }
 
+typedef struct {
+  cfg c;
+  int pass; /* 0 forward, 1 backward */
+} refusal_case;
+
+/* A tt_refused_call (test_tensors.h) of one first forward or backward,
+ * accumulating into random gradients. */
+static void refused_pass(void *user, osft_context_t ctx, test_alloc_state *a, int device,
+                         long granted) {
+  const cfg c = ((const refusal_case *)user)->c;
+  const int pass = ((const refusal_case *)user)->pass;
+  fixture *f = fx_new(ctx, c);
+  for (int p = 0; p < 3; ++p)
+    if (is_layer(f, p))
+      assert_ok(osft_flinear_set_strategy(f->layer[p], OSFT_FLINEAR_FACTORIZED));
+  const int64_t lead[1] = {24};
+  tt *x = activations(f, 2, lead), *gy = activations(f, 2, lead);
+  tt *y = tt_new(c.dtype, 2, x->shape);
+  grads G;
+  grads_new(f, x, &G);
+  G.g.accumulate = OSFT_MLP_ACCUMULATE_ALL;
+  for (int p = 0; p < 3; ++p) G.fg[p].accumulate = OSFT_FLINEAR_ACCUMULATE_ALL;
+  snapshot snap;
+  snapshot_take(&snap, y, &G);
+  double *prior[SLOTS] = {NULL};
+  tt *slot[SLOTS];
+  grad_slots(&G, slot);
+  for (int i = 0; i < SLOTS; ++i) prior[i] = slot[i] ? tt_get(slot[i]) : NULL;
+  double *xd = tt_get(x), *gyd = tt_get(gy);
+  ref_out o = ref_run(&f->R, xd, gyd, 24);
+
+  test_alloc_refuse(a, device, granted);
+  const osft_status_t st = pass == 0 ? osft_mlp_forward(f->mlp, &x->t, &y->t, 3)
+                                     : osft_mlp_backward(f->mlp, &x->t, &gy->t, &G.g, 3);
+  if (st != OSFT_STATUS_SUCCESS) {
+    assert_int_equal(st, OSFT_STATUS_OUT_OF_MEMORY);
+    snapshot_expect_untouched(&snap);
+  } else {
+    snapshot_forget(&snap);
+    if (pass == 0)
+      expect_close("y after refusals", y, o.y, tol_for(c.dtype));
+    else
+      expect_grads(f, &G, &o, prior, "gradients after refusals");
+  }
+  for (int i = 0; i < SLOTS; ++i) free(prior[i]);
+  ref_out_free(&o);
+  free(xd);
+  free(gyd);
+  grads_free(&G);
+  tt_free(x);
+  tt_free(gy);
+  tt_free(y);
+  fx_free(f);
+}
+
+/* Every allocation of a first call refused in turn (and all after it). */
+static void test_every_refusal_is_clean(void **state) {
+  (void)state;
+  cfg cs[2] = {base_cfg(OSFT_MLP_SWIGLU, TT_BF16), base_cfg(OSFT_MLP_SWIGLU, TT_F32)};
+  cs[0].layers = 1 << UP;
+  cs[0].fdtype = TT_BF16;
+  cs[0].gdtype = TT_BF16;
+  cs[0].bias = 1;
+  cs[1].layers = (1 << GATE) | (1 << DOWN);
+  for (int i = 0; i < 2; ++i) {
+    test_seed(i ? "refusals fp32" : "refusals bf16");
+    for (int pass = 0; pass < 2; ++pass) {
+      refusal_case rc = {cs[i], pass};
+      tt_refusal_sweep(refused_pass, &rc);
+    }
+  }
+}
+
 int main(void) {
   if (!tt_device_present()) return OSFT_TEST_SKIP;
   const struct CMUnitTest tests[] = {
@@ -138,6 +211,7 @@ int main(void) {
                                       tt_teardown_quiet),
       cmocka_unit_test(test_workspace_limit_fails_before_writing),
       cmocka_unit_test(test_memory_is_returned),
+      cmocka_unit_test(test_every_refusal_is_clean),
   };
   return cmocka_run_group_tests_name("mlp_memory", tests, NULL, NULL);
 }

@@ -161,14 +161,6 @@ static void test_concurrency_and_workspace_limit(void **state) {
   list_free(&L);
 }
 
-static double *matmul(const double *a, const double *b, int64_t m, int64_t k, int64_t n) {
-  double *c = zeros(m * n);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t t = 0; t < k; ++t)
-      for (int64_t j = 0; j < n; ++j) c[i * n + j] += a[i * k + t] * b[t * n + j];
-  return c;
-}
-
 /* The fused call equals a loop of separate QRs of A Q (products formed
  * here and rounded to the dtype), and a float64 power iteration. */
 static void test_power_iteration_matches_loop(void **state) {

@@ -387,3 +387,22 @@ void tt_write_view(const DLTensor *v, const double *values) {
 #endif
   tt_free(t);
 }
+
+void tt_refusal_sweep(tt_refused_call call, void *user) {
+  const int with_device = tt_device() != OSFT_DEVICE_CPU;
+  for (int device = 0; device <= with_device; ++device) {
+    for (long granted = 0;; ++granted) {
+      assert_true(granted < 400);
+      test_alloc_state a;
+      osft_context_t ctx = tt_counting_context(&a);
+      call(user, ctx, &a, device, granted);
+      const int done = test_alloc_unrefuse(&a, device);
+      assert_ok(osft_context_destroy(ctx));
+      tt_expect_all_returned(&a);
+      if (done) {
+        if (device == with_device) assert_true(granted > 0);
+        break;
+      }
+    }
+  }
+}

@@ -38,6 +38,19 @@ osft_context_t tt_counting_context(test_alloc_state *a);
  * allocated was freed, with the size it was allocated with. */
 void tt_expect_all_returned(const test_alloc_state *a);
 
+/* A refusal sweep ("nothing is written on failure"): `call` makes one first
+ * call on `ctx`, a fresh counting context over `a`, with
+ * test_alloc_refuse(a, device, granted) just before the call, and checks
+ * that the call failed with OSFT_STATUS_OUT_OF_MEMORY having written
+ * nothing, or succeeded with every output right. tt_refusal_sweep runs it
+ * for granted = 0, 1, ... until a call makes fewer allocations than granted
+ * (test_alloc_unrefuse), refusing host allocations, and on a GPU device ones
+ * in a second sweep; each context is destroyed with every block returned.
+ * The first call must allocate memory of the device's own kind. */
+typedef void (*tt_refused_call)(void *user, osft_context_t ctx, test_alloc_state *a,
+                                int device, long granted);
+void tt_refusal_sweep(tt_refused_call call, void *user);
+
 /* A compact tensor of the given rank and shape. */
 tt *tt_new(tt_dtype dtype, int ndim, const int64_t *shape);
 /* A 2-D tensor with padded rows (row stride ld >= cols). */

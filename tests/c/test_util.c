@@ -127,3 +127,14 @@ void test_alloc_callbacks(osft_allocator_t *a, test_alloc_state *s, int with_dev
     a->device_free = device_free_cb;
   }
 }
+
+void test_alloc_refuse(test_alloc_state *s, int device, long granted) {
+  *(device ? &s->fail_device_after : &s->fail_host_after) = granted;
+}
+
+int test_alloc_unrefuse(test_alloc_state *s, int device) {
+  long *after = device ? &s->fail_device_after : &s->fail_host_after;
+  const int none = *after > 0;
+  *after = -1;
+  return none;
+}

@@ -70,4 +70,11 @@ void test_alloc_reset(test_alloc_state *s);
  * tests that never touch them on a GPU. */
 void test_alloc_callbacks(osft_allocator_t *a, test_alloc_state *s, int with_device);
 
+/* Refusal sweeps ("nothing is written on failure"). test_alloc_refuse lets
+ * `granted` more host (device: 0) or device (1) allocations through and
+ * refuses every later one; test_alloc_unrefuse ends that and returns 1 when
+ * fewer than `granted` were made (no refusal happened). */
+void test_alloc_refuse(test_alloc_state *s, int device, long granted);
+int test_alloc_unrefuse(test_alloc_state *s, int device);
+
 #endif
