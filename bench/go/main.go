@@ -275,10 +275,11 @@ func main() {
 	row("tiny FLCE (M=4, H=16, V=32; loss + grad_x), tensors wrapped once", fl.c, fl.goPre)
 	row("tiny FLCE, Go slices wrapped in every call (5 `Wrap`s)", fl.c, fl.goWrap)
 	row("`osft_qr_batch`, 4 fp64 16x8 matrices (Q, R), CTensors", qr.c, qr.goPre)
-	row("`osft_qr_batch`, same, Go slices (copied through C memory)", qr.c, qr.goWrap)
+	row("`osft_qr_batch`, same, Go slices (staged in a reused Go buffer)", qr.c, qr.goWrap)
 	fmt.Fprintf(&b, "\nWhat the Go side adds: one cgo call into the SWIG-generated entry (`osftgo_call`, or `osftgo_qr`\n")
 	fmt.Fprintf(&b, "for QR lists), the context's mutex, descriptor filling in a reused Go buffer, and for QR the\n")
-	fmt.Fprintf(&b, "descriptor list (plus the copies of Go-slice matrices into C memory and back).\n")
+	fmt.Fprintf(&b, "descriptor list (reused per context; the options travel by value in the call buffer) plus the\n")
+	fmt.Fprintf(&b, "copies of Go-slice matrices into the context's pointer-free staging buffer and back.\n")
 	fmt.Print(b.String())
 	if *out != "" {
 		must(os.WriteFile(*out, []byte(b.String()), 0o644))

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"math/rand"
+	"strings"
 	"sync"
 	"testing"
 
@@ -524,6 +525,71 @@ func TestBatchedQR(t *testing.T) {
 	if _, err := osftrt.QRPowerIteration(ctx, nil, []osftrt.Arg{osftrt.MustWrap(sq, 4, 4)},
 		[]osftrt.Arg{osftrt.MustWrap(qv, 4, 2)}, 3); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// QR options reach the library (they travel by value in the call buffer):
+// each field changes what the call does or accepts.
+func TestQROptionsReachTheLibrary(t *testing.T) {
+	ctx := newCtx(t)
+	defer ctx.Close()
+	// two equal columns: rank-deficient, refused by default, factored with
+	// the rank check off
+	dup := []float64{1, 1, 2, 2, 3, 3, 4, 4}
+	st, err := osftrt.QRBatch(ctx, nil, []osftrt.Arg{osftrt.MustWrap(append([]float64(nil), dup...), 4, 2)}, nil, nil)
+	if !errors.Is(err, osftrt.ErrNumericalError) || st[0] != osftrt.StatusNumericalError {
+		t.Fatalf("default options: %v %v", st, err)
+	}
+	o := osftrt.DefaultQROptions()
+	o.RankTolerance = -1
+	q := append([]float64(nil), dup...)
+	if st, err = osftrt.QRBatch(ctx, &o, []osftrt.Arg{osftrt.MustWrap(q, 4, 2)}, nil, nil); err != nil || st[0] != osftrt.StatusSuccess {
+		t.Fatalf("RankTolerance -1: %v %v", st, err)
+	}
+	for j := 0; j < 2; j++ {
+		norm := 0.0
+		for i := 0; i < 4; i++ {
+			norm += q[2*i+j] * q[2*i+j]
+		}
+		if math.Abs(norm-1) > 1e-12 {
+			t.Errorf("RankTolerance -1: column %d norm^2 %g", j, norm)
+		}
+	}
+	a := []osftrt.Arg{osftrt.MustWrap(f64(rnd(12, 1)), 4, 3)}
+	bad := []struct {
+		name string
+		set  func(*osftrt.QROptions)
+		want string
+	}{
+		{"method", func(o *osftrt.QROptions) { o.Method = 7 }, "method"},
+		{"threshold", func(o *osftrt.QROptions) { o.OrthogonalityThreshold = math.NaN() }, "threshold"},
+		{"tolerance", func(o *osftrt.QROptions) { o.RankTolerance = math.NaN() }, "rank_tolerance"},
+		{"concurrency", func(o *osftrt.QROptions) { o.MaxConcurrency = -2 }, "max_concurrency"},
+	}
+	for _, c := range bad {
+		o := osftrt.DefaultQROptions()
+		c.set(&o)
+		_, err := osftrt.QRBatch(ctx, &o, a, nil, nil)
+		if !errors.Is(err, osftrt.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v", c.name, err)
+		}
+	}
+	// CholeskyQR2 on a well-conditioned matrix agrees with Householder
+	x := f64(rnd(40, 1))
+	h, c2 := append([]float64(nil), x...), append([]float64(nil), x...)
+	o = osftrt.DefaultQROptions()
+	o.Method = osftrt.QRCholeskyQR2
+	o.MaxConcurrency = 1
+	if _, err := osftrt.QRBatch(ctx, nil, []osftrt.Arg{osftrt.MustWrap(h, 10, 4)}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := osftrt.QRBatch(ctx, &o, []osftrt.Arg{osftrt.MustWrap(c2, 10, 4)}, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	for i := range h {
+		if math.Abs(h[i]-c2[i]) > 1e-10 {
+			t.Fatalf("CholeskyQR2 vs Householder at %d: %g vs %g", i, c2[i], h[i])
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package osftrt
 
 import (
+	"math"
 	"unsafe"
 
 	"libosftrt/osftrt/internal/capi"
@@ -32,41 +33,41 @@ func DefaultQROptions() QROptions {
 		RankTolerance: o.GetRank_tolerance(), MaxConcurrency: o.GetMax_concurrency()}
 }
 
-func qrOptionsToC(opts *QROptions) capi.Osft_qr_options_t {
-	co := capi.NewOsft_qr_options_t()
-	if opts != nil {
-		co.SetMethod(capi.Enum_SS_osft_qr_method_e(opts.Method))
-		co.SetOrthogonality_threshold(opts.OrthogonalityThreshold)
-		co.SetRank_tolerance(opts.RankTolerance)
-		co.SetMax_concurrency(opts.MaxConcurrency)
+// setQROptions puts opts into the call buffer by value (osftgo_qr builds
+// the C struct): no C allocation and no cgo call per field.
+func setQROptions(b *callBuf, opts *QROptions) {
+	if opts == nil {
+		return
 	}
-	return co
+	b.i[0] = 1
+	b.i[1] = int64(opts.Method)
+	b.i[2] = int64(opts.MaxConcurrency)
+	b.h[0] = math.Float64bits(opts.OrthogonalityThreshold)
+	b.h[1] = math.Float64bits(opts.RankTolerance)
 }
 
-// staged is a Go-memory tensor copied into C memory for a QR list.
+// staged is a Go-slice tensor of a QR list, copied into the context's
+// staging buffer at byte offset off.
 type staged struct {
-	t    *Tensor
-	addr uintptr
-	n    int64 // bytes
+	t   *Tensor
+	off int64
+	n   int64 // bytes
 }
 
-func (s *staged) in() {
-	if s.n > 0 {
-		copy(unsafe.Slice((*byte)(unsafe.Pointer(s.addr)), s.n), unsafe.Slice((*byte)(s.t.ptr), s.n))
-	}
+func (s *staged) in(stage []byte) {
+	copy(stage[s.off:s.off+s.n], unsafe.Slice((*byte)(s.t.ptr), s.n))
 }
 
-func (s *staged) back() {
-	if s.n > 0 {
-		copy(unsafe.Slice((*byte)(s.t.ptr), s.n), unsafe.Slice((*byte)(unsafe.Pointer(s.addr)), s.n))
-	}
+func (s *staged) back(stage []byte) {
+	copy(unsafe.Slice((*byte)(s.t.ptr), s.n), stage[s.off:s.off+s.n])
 }
 
 // qrList runs osft_qr_batch (power 0) or osft_qr_power_iteration. The list
 // entries are passed by descriptor; entries that are Go slices (*Tensor)
-// are copied into C memory for the call and their results copied back,
-// since a list of Go pointers cannot be handed to C (cgo forbids Go memory
-// that holds Go pointers). CTensors go through without a copy.
+// are copied into one pointer-free staging buffer of the context (reused
+// between calls) for the call and their results copied back, since a list
+// of Go pointers cannot be handed to C (cgo forbids Go memory that holds Go
+// pointers). CTensors go through without a copy.
 func qrList(ctx *Context, op string, opts *QROptions, a, q, r []Arg, power int) ([]Status, error) {
 	n := len(a)
 	if q != nil && len(q) != n {
@@ -75,17 +76,16 @@ func qrList(ctx *Context, op string, opts *QROptions, a, q, r []Arg, power int) 
 	if r != nil && len(r) != n {
 		return nil, errArg(op, "%d R entries for %d matrices", len(r), n)
 	}
-	co := qrOptionsToC(opts)
-	defer capi.DeleteOsft_qr_options_t(co)
 	c, err := ctx.lock(op)
 	if err != nil {
 		return nil, err
 	}
 	defer ctx.mu.Unlock()
-	descs := make([]cDesc, 3*n+1)
-	var stg []*staged
-	var outs []*staged
-	held := make([]*CTensor, 0, 3*n)
+	descs := ctx.qrDescriptors(3*n + 1)
+	var stg []staged
+	var outs []int // indices into stg
+	total := int64(0)
+	var held []*CTensor
 	defer func() {
 		for _, ct := range held {
 			ct.unuse()
@@ -110,12 +110,14 @@ func qrList(ctx *Context, op string, opts *QROptions, a, q, r []Arg, power int) 
 			if err != nil {
 				return errArg(op, "%v", err)
 			}
-			s := &staged{t: t, n: e * int64(t.dtype.Size())}
-			stg = append(stg, s)
-			descs[k].present = 2
+			nb := e * int64(t.dtype.Size())
+			descs[k].present = 3 // an offset into the staging buffer
+			descs[k].data = uint64(total)
 			if isOut {
-				outs = append(outs, s)
+				outs = append(outs, len(stg))
 			}
+			stg = append(stg, staged{t: t, off: total, n: nb})
+			total += (nb + 63) &^ 63
 		}
 		return nil
 	}
@@ -138,40 +140,27 @@ func qrList(ctx *Context, op string, opts *QROptions, a, q, r []Arg, power int) 
 			}
 		}
 	}
-	// One C block (64-byte aligned pieces) for every Go-slice entry.
+	var stage []byte
 	if len(stg) > 0 {
-		total := int64(0)
-		for _, s := range stg {
-			total += (s.n + 63) &^ 63
-		}
-		base := uintptr(capi.Osftgo_alloc(total))
-		if base == 0 {
-			return nil, &Error{Status: StatusOutOfMemory, Op: op, Message: "out of C memory for staging"}
-		}
-		defer capi.Osftgo_free(uint64(base))
-		off := uintptr(0)
-		for _, s := range stg {
-			s.addr = base + off
-			off += uintptr((s.n + 63) &^ 63)
-			s.in()
-		}
-		k := 0
-		for i := range descs {
-			if descs[i].present == 2 && descs[i].data == 0 {
-				descs[i].data = uint64(stg[k].addr)
-				k++
-			}
+		stage = ctx.stagingBuffer(total)
+		for k := range stg {
+			stg[k].in(stage)
 		}
 	}
-	status := make([]uint32, n+1)
+	status := ctx.qrStatuses(n + 1)
 	b := ctx.buf
 	b.reset()
-	st := capi.Osftgo_qr(uint64(c), uint64(co.Swigcptr()), int64(n), power, unsafe.Pointer(b),
-		unsafe.Pointer(&descs[0]), unsafe.Pointer(&status[0]))
+	setQROptions(b, opts)
+	var stagePtr unsafe.Pointer
+	if len(stage) > 0 {
+		stagePtr = unsafe.Pointer(&stage[0])
+	}
+	st := capi.Osftgo_qr(uint64(c), int64(n), power, unsafe.Pointer(b),
+		unsafe.Pointer(&descs[0]), stagePtr, unsafe.Pointer(&status[0]))
 	var res []Status
 	if st == capi.OSFT_STATUS_SUCCESS || Status(st) == StatusNumericalError {
-		for _, s := range outs {
-			s.back()
+		for _, k := range outs {
+			stg[k].back(stage)
 		}
 		res = make([]Status, n)
 		for i := range res {

@@ -377,31 +377,47 @@ osft_status_t osftgo_call(int op, void *call, void *g0, void *g1, void *g2, void
 }
 
 /* osft_qr_batch (power == 0) or osft_qr_power_iteration (power = the
- * iterations) over `count` matrices whose data is in C memory: descs holds
- * 3 * count descriptors (a, q, r; q entries absent = in place, r entries
- * absent = no R). status: `count` int32 (Go memory). */
-osft_status_t osftgo_qr(uintptr_t ctx, uintptr_t opts, int64_t count, int power, void *call,
-                        void *g0, void *status) {
+ * iterations) over `count` matrices: g0 holds 3 * count descriptors (a, q,
+ * r; q entries absent = in place, r entries absent = no R) whose data is C
+ * memory (present 2: the address) or a byte offset into g1 (present 3), a
+ * pointer-free Go buffer the Go side copied the Go-slice entries into.
+ * The options come by value in the call buffer (no C struct to build from
+ * Go): i[0] != 0 means given, i[1] the method, i[2] max_concurrency, h[0]
+ * and h[1] the bits of orthogonality_threshold and rank_tolerance.
+ * status: `count` int32 (Go memory). */
+osft_status_t osftgo_qr(uintptr_t ctx, int64_t count, int power, void *call, void *g0,
+                        void *g1, void *status) {
   osftgo_call_t *c = (osftgo_call_t *)call;
   const osftgo_desc_t *d = (const osftgo_desc_t *)g0;
+  char *stage = (char *)g1;
   if (count < 0) return osftgo_fail(c, OSFT_STATUS_INVALID_ARGUMENT, "osftgo: count < 0");
+  osft_qr_options_t o;
+  const osft_qr_options_t *opts = NULL;
+  if (c->i[0]) {
+    OSFT_QR_OPTIONS_INIT(&o);
+    o.method = (osft_qr_method_t)c->i[1];
+    o.max_concurrency = (int)c->i[2];
+    memcpy(&o.orthogonality_threshold, &c->h[0], sizeof(double));
+    memcpy(&o.rank_tolerance, &c->h[1], sizeof(double));
+    opts = &o;
+  }
   size_t n = (size_t)count;
-  DLTensor *t = (DLTensor *)calloc(3 * n + 1, sizeof(DLTensor));
-  const DLTensor **pa = (const DLTensor **)calloc(n + 1, sizeof(void *));
-  DLTensor **pq = (DLTensor **)calloc(n + 1, sizeof(void *));
-  DLTensor **pr = (DLTensor **)calloc(n + 1, sizeof(void *));
+  /* one block: the DLTensors, then the a, q and r pointer lists */
+  char *block = (char *)calloc(1, (3 * n + 1) * sizeof(DLTensor) + 3 * (n + 1) * sizeof(void *));
+  if (!block) return osftgo_fail(c, OSFT_STATUS_OUT_OF_MEMORY, "osftgo: out of memory");
+  DLTensor *t = (DLTensor *)block;
+  const DLTensor **pa = (const DLTensor **)(t + 3 * n + 1);
+  DLTensor **pq = (DLTensor **)(pa + n + 1);
+  DLTensor **pr = pq + n + 1;
   osft_status_t st;
   int inplace = 1, anyr = 0;
-  if (!t || !pa || !pq || !pr) {
-    st = osftgo_fail(c, OSFT_STATUS_OUT_OF_MEMORY, "osftgo: out of memory");
-    goto done;
-  }
   for (size_t k = 0; k < 3 * n; ++k) {
-    if (d[k].present == 1) {
+    if (d[k].present == 1 || (d[k].present == 3 && stage == NULL)) {
       st = osftgo_fail(c, OSFT_STATUS_INVALID_ARGUMENT, "osftgo: QR lists take C memory");
       goto done;
     }
-    if (d[k].present == 2) osftgo_fill(&t[k], &d[k], NULL);
+    if (d[k].present >= 2) osftgo_fill(&t[k], &d[k], NULL);
+    if (d[k].present == 3) t[k].data = stage + d[k].data;
   }
   for (size_t k = 0; k < n; ++k) {
     pa[k] = d[3 * k].present ? &t[3 * k] : NULL;
@@ -414,17 +430,14 @@ osft_status_t osftgo_qr(uintptr_t ctx, uintptr_t opts, int64_t count, int power,
   for (size_t k = 0; !inplace && k < n; ++k)
     if (!pq[k]) pq[k] = (DLTensor *)pa[k];
   if (power > 0)
-    st = osft_qr_power_iteration((osft_context_t)ctx, (const osft_qr_options_t *)opts, n,
-                                 pa, pq, power, (osft_status_t *)status);
+    st = osft_qr_power_iteration((osft_context_t)ctx, opts, n, pa, pq, power,
+                                 (osft_status_t *)status);
   else
-    st = osft_qr_batch((osft_context_t)ctx, (const osft_qr_options_t *)opts, n, pa,
-                       inplace ? NULL : pq, anyr ? pr : NULL, (osft_status_t *)status);
+    st = osft_qr_batch((osft_context_t)ctx, opts, n, pa, inplace ? NULL : pq,
+                       anyr ? pr : NULL, (osft_status_t *)status);
   st = osftgo_fail(c, st, NULL);
 done:
-  free(t);
-  free(pa);
-  free(pq);
-  free(pr);
+  free(block);
   return st;
 }
 %}

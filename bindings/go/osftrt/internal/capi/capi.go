@@ -38,16 +38,16 @@ typedef long long swig_type_5;
 typedef long long swig_type_6;
 typedef long long swig_type_7;
 typedef long long swig_type_8;
-typedef long long swig_type_9;
+typedef void* swig_type_9;
 typedef void* swig_type_10;
-typedef void* swig_type_11;
+typedef _gostring_ swig_type_11;
 typedef _gostring_ swig_type_12;
 typedef _gostring_ swig_type_13;
 typedef _gostring_ swig_type_14;
-typedef _gostring_ swig_type_15;
-typedef void* swig_type_16;
+typedef void* swig_type_15;
+typedef long long swig_type_16;
 typedef long long swig_type_17;
-typedef long long swig_type_18;
+typedef void* swig_type_18;
 typedef void* swig_type_19;
 typedef void* swig_type_20;
 typedef void* swig_type_21;
@@ -55,7 +55,7 @@ typedef void* swig_type_22;
 typedef void* swig_type_23;
 typedef void* swig_type_24;
 typedef void* swig_type_25;
-typedef void* swig_type_26;
+typedef long long swig_type_26;
 typedef long long swig_type_27;
 typedef long long swig_type_28;
 typedef long long swig_type_29;
@@ -82,11 +82,11 @@ typedef long long swig_type_49;
 typedef long long swig_type_50;
 typedef long long swig_type_51;
 typedef long long swig_type_52;
-typedef long long swig_type_53;
+typedef _gostring_ swig_type_53;
 typedef _gostring_ swig_type_54;
-typedef _gostring_ swig_type_55;
+typedef long long swig_type_55;
 typedef long long swig_type_56;
-typedef long long swig_type_57;
+typedef void* swig_type_57;
 typedef void* swig_type_58;
 typedef void* swig_type_59;
 typedef void* swig_type_60;
@@ -94,7 +94,7 @@ typedef void* swig_type_61;
 typedef void* swig_type_62;
 typedef void* swig_type_63;
 typedef void* swig_type_64;
-typedef void* swig_type_65;
+typedef long long swig_type_65;
 typedef long long swig_type_66;
 typedef long long swig_type_67;
 typedef long long swig_type_68;
@@ -197,7 +197,6 @@ typedef long long swig_type_164;
 typedef long long swig_type_165;
 typedef long long swig_type_166;
 typedef long long swig_type_167;
-typedef long long swig_type_168;
 extern void _wrap_Swig_free_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_Swig_malloc_capi_osftrt(swig_intgo arg1);
 extern swig_intgo _wrap_OSFT_ALLOCATOR_INIT_capi_osftrt(uintptr_t arg1);
@@ -236,7 +235,7 @@ extern swig_type_1 _wrap_osftgo_layout_capi_osftrt(swig_intgo arg1);
 extern swig_type_2 _wrap_osftgo_alloc_capi_osftrt(swig_type_3 arg1);
 extern void _wrap_osftgo_free_capi_osftrt(swig_type_4 arg1);
 extern swig_intgo _wrap_osftgo_call_capi_osftrt(swig_intgo arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_voidp arg7, swig_voidp arg8, swig_voidp arg9, swig_voidp arg10, swig_voidp arg11, swig_voidp arg12, swig_voidp arg13, swig_voidp arg14, swig_voidp arg15, swig_voidp arg16, swig_voidp arg17, swig_voidp arg18, swig_voidp arg19, swig_voidp arg20, swig_voidp arg21, swig_voidp arg22);
-extern swig_intgo _wrap_osftgo_qr_capi_osftrt(swig_type_5 arg1, swig_type_6 arg2, swig_type_7 arg3, swig_intgo arg4, swig_voidp arg5, swig_voidp arg6, swig_voidp arg7);
+extern swig_intgo _wrap_osftgo_qr_capi_osftrt(swig_type_5 arg1, swig_type_6 arg2, swig_intgo arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_voidp arg7);
 extern swig_intgo _wrap_kDLCPU_capi_osftrt(void);
 extern swig_intgo _wrap_kDLCUDA_capi_osftrt(void);
 extern swig_intgo _wrap_kDLCUDAHost_capi_osftrt(void);
@@ -280,16 +279,16 @@ extern void _wrap_DLTensor_shape_set_capi_osftrt(uintptr_t arg1, swig_voidp arg2
 extern swig_voidp _wrap_DLTensor_shape_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_DLTensor_strides_set_capi_osftrt(uintptr_t arg1, swig_voidp arg2);
 extern swig_voidp _wrap_DLTensor_strides_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_DLTensor_byte_offset_set_capi_osftrt(uintptr_t arg1, swig_type_8 arg2);
-extern swig_type_9 _wrap_DLTensor_byte_offset_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_DLTensor_byte_offset_set_capi_osftrt(uintptr_t arg1, swig_type_7 arg2);
+extern swig_type_8 _wrap_DLTensor_byte_offset_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_DLTensor_capi_osftrt(void);
 extern void _wrap_delete_DLTensor_capi_osftrt(uintptr_t arg1);
 extern void _wrap_DLManagedTensor_dl_tensor_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_DLManagedTensor_dl_tensor_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_DLManagedTensor_manager_ctx_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_DLManagedTensor_manager_ctx_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_DLManagedTensor_deleter_set_capi_osftrt(uintptr_t arg1, swig_type_10 arg2);
-extern swig_type_11 _wrap_DLManagedTensor_deleter_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_DLManagedTensor_deleter_set_capi_osftrt(uintptr_t arg1, swig_type_9 arg2);
+extern swig_type_10 _wrap_DLManagedTensor_deleter_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_DLManagedTensor_capi_osftrt(void);
 extern void _wrap_delete_DLManagedTensor_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_OSFT_VERSION_NUMBER_capi_osftrt(void);
@@ -311,12 +310,12 @@ extern swig_intgo _wrap_OSFT_STATUS_COMM_ERROR_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_STATUS_TIMEOUT_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_STATUS_NUMERICAL_ERROR_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_STATUS_INTERNAL_ERROR_capi_osftrt(void);
-extern swig_type_12 _wrap_osft_status_string_capi_osftrt(swig_intgo arg1);
-extern swig_type_13 _wrap_osft_last_error_capi_osftrt(void);
+extern swig_type_11 _wrap_osft_status_string_capi_osftrt(swig_intgo arg1);
+extern swig_type_12 _wrap_osft_last_error_capi_osftrt(void);
 extern void _wrap_osft_clear_last_error_capi_osftrt(void);
 extern swig_intgo _wrap_osft_version_capi_osftrt(void);
-extern swig_type_14 _wrap_osft_version_string_capi_osftrt(void);
-extern swig_type_15 _wrap_osft_build_info_capi_osftrt(void);
+extern swig_type_13 _wrap_osft_version_string_capi_osftrt(void);
+extern swig_type_14 _wrap_osft_build_info_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FEATURE_CUDA_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FEATURE_NCCL_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FEATURE_MPI_capi_osftrt(void);
@@ -326,27 +325,27 @@ extern swig_intgo _wrap_OSFT_LOG_ERROR_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_LOG_WARN_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_LOG_INFO_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_LOG_DEBUG_capi_osftrt(void);
-extern swig_intgo _wrap_osft_set_log_callback_capi_osftrt(swig_type_16 arg1, uintptr_t arg2, swig_intgo arg3);
+extern swig_intgo _wrap_osft_set_log_callback_capi_osftrt(swig_type_15 arg1, uintptr_t arg2, swig_intgo arg3);
 extern swig_intgo _wrap_OSFT_DEVICE_CPU_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_DEVICE_CUDA_capi_osftrt(void);
 extern swig_intgo _wrap_osft_device_count_capi_osftrt(swig_intgo arg1, swig_voidp arg2);
-extern void _wrap_osft_allocator_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_17 arg2);
-extern swig_type_18 _wrap_osft_allocator_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_allocator_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_16 arg2);
+extern swig_type_17 _wrap_osft_allocator_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_allocator_t_user_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_allocator_t_user_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_allocator_t_host_alloc_set_capi_osftrt(uintptr_t arg1, swig_type_19 arg2);
-extern swig_type_20 _wrap_osft_allocator_t_host_alloc_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_allocator_t_host_free_set_capi_osftrt(uintptr_t arg1, swig_type_21 arg2);
-extern swig_type_22 _wrap_osft_allocator_t_host_free_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_allocator_t_device_alloc_set_capi_osftrt(uintptr_t arg1, swig_type_23 arg2);
-extern swig_type_24 _wrap_osft_allocator_t_device_alloc_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_allocator_t_device_free_set_capi_osftrt(uintptr_t arg1, swig_type_25 arg2);
-extern swig_type_26 _wrap_osft_allocator_t_device_free_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_allocator_t_host_alloc_set_capi_osftrt(uintptr_t arg1, swig_type_18 arg2);
+extern swig_type_19 _wrap_osft_allocator_t_host_alloc_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_allocator_t_host_free_set_capi_osftrt(uintptr_t arg1, swig_type_20 arg2);
+extern swig_type_21 _wrap_osft_allocator_t_host_free_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_allocator_t_device_alloc_set_capi_osftrt(uintptr_t arg1, swig_type_22 arg2);
+extern swig_type_23 _wrap_osft_allocator_t_device_alloc_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_allocator_t_device_free_set_capi_osftrt(uintptr_t arg1, swig_type_24 arg2);
+extern swig_type_25 _wrap_osft_allocator_t_device_free_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_allocator_t_capi_osftrt(void);
 extern void _wrap_delete_osft_allocator_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_allocator_init_capi_osftrt(uintptr_t arg1, swig_type_27 arg2);
-extern void _wrap_osft_context_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_28 arg2);
-extern swig_type_29 _wrap_osft_context_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_allocator_init_capi_osftrt(uintptr_t arg1, swig_type_26 arg2);
+extern void _wrap_osft_context_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_27 arg2);
+extern swig_type_28 _wrap_osft_context_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_context_options_t_device_type_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_context_options_t_device_type_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_context_options_t_device_id_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
@@ -355,38 +354,38 @@ extern void _wrap_osft_context_options_t_stream_set_capi_osftrt(uintptr_t arg1, 
 extern uintptr_t _wrap_osft_context_options_t_stream_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_context_options_t_allocator_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_context_options_t_allocator_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_context_options_t_workspace_limit_set_capi_osftrt(uintptr_t arg1, swig_type_30 arg2);
-extern swig_type_31 _wrap_osft_context_options_t_workspace_limit_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_context_options_t_workspace_limit_set_capi_osftrt(uintptr_t arg1, swig_type_29 arg2);
+extern swig_type_30 _wrap_osft_context_options_t_workspace_limit_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_context_options_t_allow_tf32_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_context_options_t_allow_tf32_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_context_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_context_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_context_options_init_capi_osftrt(uintptr_t arg1, swig_type_32 arg2);
+extern swig_intgo _wrap_osft_context_options_init_capi_osftrt(uintptr_t arg1, swig_type_31 arg2);
 extern swig_intgo _wrap_osft_context_create_capi_osftrt(swig_voidp arg1, uintptr_t arg2);
 extern swig_intgo _wrap_osft_context_destroy_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_context_get_device_capi_osftrt(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3);
 extern swig_intgo _wrap_osft_context_set_stream_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern swig_intgo _wrap_osft_context_get_stream_capi_osftrt(uintptr_t arg1, swig_voidp arg2);
 extern swig_intgo _wrap_osft_context_synchronize_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_context_reserve_workspace_capi_osftrt(uintptr_t arg1, swig_type_33 arg2);
+extern swig_intgo _wrap_osft_context_reserve_workspace_capi_osftrt(uintptr_t arg1, swig_type_32 arg2);
 extern swig_intgo _wrap_osft_context_release_workspace_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_context_get_workspace_size_capi_osftrt(uintptr_t arg1, swig_voidp arg2);
-extern void _wrap_osft_memory_stats_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_34 arg2);
-extern swig_type_35 _wrap_osft_memory_stats_t_struct_size_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_memory_stats_t_host_in_use_set_capi_osftrt(uintptr_t arg1, swig_type_36 arg2);
-extern swig_type_37 _wrap_osft_memory_stats_t_host_in_use_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_memory_stats_t_host_peak_set_capi_osftrt(uintptr_t arg1, swig_type_38 arg2);
-extern swig_type_39 _wrap_osft_memory_stats_t_host_peak_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_memory_stats_t_device_in_use_set_capi_osftrt(uintptr_t arg1, swig_type_40 arg2);
-extern swig_type_41 _wrap_osft_memory_stats_t_device_in_use_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_memory_stats_t_device_peak_set_capi_osftrt(uintptr_t arg1, swig_type_42 arg2);
-extern swig_type_43 _wrap_osft_memory_stats_t_device_peak_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_memory_stats_t_host_allocs_set_capi_osftrt(uintptr_t arg1, swig_type_44 arg2);
-extern swig_type_45 _wrap_osft_memory_stats_t_host_allocs_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_memory_stats_t_device_allocs_set_capi_osftrt(uintptr_t arg1, swig_type_46 arg2);
-extern swig_type_47 _wrap_osft_memory_stats_t_device_allocs_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_memory_stats_t_workspace_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_48 arg2);
-extern swig_type_49 _wrap_osft_memory_stats_t_workspace_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_memory_stats_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_33 arg2);
+extern swig_type_34 _wrap_osft_memory_stats_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_memory_stats_t_host_in_use_set_capi_osftrt(uintptr_t arg1, swig_type_35 arg2);
+extern swig_type_36 _wrap_osft_memory_stats_t_host_in_use_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_memory_stats_t_host_peak_set_capi_osftrt(uintptr_t arg1, swig_type_37 arg2);
+extern swig_type_38 _wrap_osft_memory_stats_t_host_peak_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_memory_stats_t_device_in_use_set_capi_osftrt(uintptr_t arg1, swig_type_39 arg2);
+extern swig_type_40 _wrap_osft_memory_stats_t_device_in_use_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_memory_stats_t_device_peak_set_capi_osftrt(uintptr_t arg1, swig_type_41 arg2);
+extern swig_type_42 _wrap_osft_memory_stats_t_device_peak_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_memory_stats_t_host_allocs_set_capi_osftrt(uintptr_t arg1, swig_type_43 arg2);
+extern swig_type_44 _wrap_osft_memory_stats_t_host_allocs_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_memory_stats_t_device_allocs_set_capi_osftrt(uintptr_t arg1, swig_type_45 arg2);
+extern swig_type_46 _wrap_osft_memory_stats_t_device_allocs_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_memory_stats_t_workspace_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_47 arg2);
+extern swig_type_48 _wrap_osft_memory_stats_t_workspace_bytes_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_memory_stats_t_capi_osftrt(void);
 extern void _wrap_delete_osft_memory_stats_t_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_context_get_memory_stats_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -395,61 +394,61 @@ extern swig_intgo _wrap_OSFT_COMM_ENGINE_SELF_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_COMM_ENGINE_MPI_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_COMM_ENGINE_NCCL_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_COMM_ENGINE_CALLBACKS_capi_osftrt(void);
-extern void _wrap_osft_comm_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_50 arg2);
-extern swig_type_51 _wrap_osft_comm_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_49 arg2);
+extern swig_type_50 _wrap_osft_comm_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_comm_options_t_timeout_seconds_set_capi_osftrt(uintptr_t arg1, double arg2);
 extern double _wrap_osft_comm_options_t_timeout_seconds_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_comm_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_comm_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_comm_options_init_capi_osftrt(uintptr_t arg1, swig_type_52 arg2);
+extern swig_intgo _wrap_osft_comm_options_init_capi_osftrt(uintptr_t arg1, swig_type_51 arg2);
 extern swig_intgo _wrap_osft_comm_create_self_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_voidp arg3);
-extern swig_intgo _wrap_osft_comm_create_mpi_capi_osftrt(uintptr_t arg1, swig_type_53 arg2, uintptr_t arg3, swig_voidp arg4);
-extern void _wrap_osft_nccl_unique_id_t_internal_set_capi_osftrt(uintptr_t arg1, swig_type_54 arg2);
-extern swig_type_55 _wrap_osft_nccl_unique_id_t_internal_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_comm_create_mpi_capi_osftrt(uintptr_t arg1, swig_type_52 arg2, uintptr_t arg3, swig_voidp arg4);
+extern void _wrap_osft_nccl_unique_id_t_internal_set_capi_osftrt(uintptr_t arg1, swig_type_53 arg2);
+extern swig_type_54 _wrap_osft_nccl_unique_id_t_internal_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_nccl_unique_id_t_capi_osftrt(void);
 extern void _wrap_delete_osft_nccl_unique_id_t_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_comm_nccl_unique_id_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_comm_create_nccl_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_voidp arg4);
 extern swig_intgo _wrap_osft_comm_create_nccl_from_id_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_intgo arg3, swig_intgo arg4, uintptr_t arg5, swig_voidp arg6);
-extern void _wrap_osft_comm_callbacks_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_56 arg2);
-extern swig_type_57 _wrap_osft_comm_callbacks_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_callbacks_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_55 arg2);
+extern swig_type_56 _wrap_osft_comm_callbacks_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_comm_callbacks_t_user_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_comm_callbacks_t_user_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_comm_callbacks_t_rank_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_comm_callbacks_t_rank_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_comm_callbacks_t_size_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_comm_callbacks_t_size_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_callbacks_t_allreduce_sum_set_capi_osftrt(uintptr_t arg1, swig_type_58 arg2);
-extern swig_type_59 _wrap_osft_comm_callbacks_t_allreduce_sum_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_callbacks_t_allgather_set_capi_osftrt(uintptr_t arg1, swig_type_60 arg2);
-extern swig_type_61 _wrap_osft_comm_callbacks_t_allgather_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_callbacks_t_barrier_set_capi_osftrt(uintptr_t arg1, swig_type_62 arg2);
-extern swig_type_63 _wrap_osft_comm_callbacks_t_barrier_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_callbacks_t_release_set_capi_osftrt(uintptr_t arg1, swig_type_64 arg2);
-extern swig_type_65 _wrap_osft_comm_callbacks_t_release_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_callbacks_t_allreduce_sum_set_capi_osftrt(uintptr_t arg1, swig_type_57 arg2);
+extern swig_type_58 _wrap_osft_comm_callbacks_t_allreduce_sum_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_callbacks_t_allgather_set_capi_osftrt(uintptr_t arg1, swig_type_59 arg2);
+extern swig_type_60 _wrap_osft_comm_callbacks_t_allgather_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_callbacks_t_barrier_set_capi_osftrt(uintptr_t arg1, swig_type_61 arg2);
+extern swig_type_62 _wrap_osft_comm_callbacks_t_barrier_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_callbacks_t_release_set_capi_osftrt(uintptr_t arg1, swig_type_63 arg2);
+extern swig_type_64 _wrap_osft_comm_callbacks_t_release_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_comm_callbacks_t_capi_osftrt(void);
 extern void _wrap_delete_osft_comm_callbacks_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_comm_callbacks_init_capi_osftrt(uintptr_t arg1, swig_type_66 arg2);
+extern swig_intgo _wrap_osft_comm_callbacks_init_capi_osftrt(uintptr_t arg1, swig_type_65 arg2);
 extern swig_intgo _wrap_osft_comm_create_callbacks_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_voidp arg4);
 extern swig_intgo _wrap_osft_comm_destroy_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_comm_get_info_capi_osftrt(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4);
 extern swig_intgo _wrap_osft_comm_allreduce_sum_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
-extern swig_intgo _wrap_osft_comm_allgather_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_voidp arg4, swig_type_67 arg5);
+extern swig_intgo _wrap_osft_comm_allgather_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_voidp arg4, swig_type_66 arg5);
 extern swig_intgo _wrap_osft_comm_barrier_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_stats_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_68 arg2);
-extern swig_type_69 _wrap_osft_comm_stats_t_struct_size_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_stats_t_allreduce_calls_set_capi_osftrt(uintptr_t arg1, swig_type_70 arg2);
-extern swig_type_71 _wrap_osft_comm_stats_t_allreduce_calls_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_stats_t_allgather_calls_set_capi_osftrt(uintptr_t arg1, swig_type_72 arg2);
-extern swig_type_73 _wrap_osft_comm_stats_t_allgather_calls_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_stats_t_barrier_calls_set_capi_osftrt(uintptr_t arg1, swig_type_74 arg2);
-extern swig_type_75 _wrap_osft_comm_stats_t_barrier_calls_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_stats_t_allreduce_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_76 arg2);
-extern swig_type_77 _wrap_osft_comm_stats_t_allreduce_bytes_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_stats_t_allgather_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_78 arg2);
-extern swig_type_79 _wrap_osft_comm_stats_t_allgather_bytes_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_stats_t_failures_set_capi_osftrt(uintptr_t arg1, swig_type_80 arg2);
-extern swig_type_81 _wrap_osft_comm_stats_t_failures_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_stats_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_67 arg2);
+extern swig_type_68 _wrap_osft_comm_stats_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_stats_t_allreduce_calls_set_capi_osftrt(uintptr_t arg1, swig_type_69 arg2);
+extern swig_type_70 _wrap_osft_comm_stats_t_allreduce_calls_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_stats_t_allgather_calls_set_capi_osftrt(uintptr_t arg1, swig_type_71 arg2);
+extern swig_type_72 _wrap_osft_comm_stats_t_allgather_calls_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_stats_t_barrier_calls_set_capi_osftrt(uintptr_t arg1, swig_type_73 arg2);
+extern swig_type_74 _wrap_osft_comm_stats_t_barrier_calls_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_stats_t_allreduce_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_75 arg2);
+extern swig_type_76 _wrap_osft_comm_stats_t_allreduce_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_stats_t_allgather_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_77 arg2);
+extern swig_type_78 _wrap_osft_comm_stats_t_allgather_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_stats_t_failures_set_capi_osftrt(uintptr_t arg1, swig_type_79 arg2);
+extern swig_type_80 _wrap_osft_comm_stats_t_failures_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_comm_stats_t_capi_osftrt(void);
 extern void _wrap_delete_osft_comm_stats_t_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_comm_get_stats_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -465,8 +464,8 @@ extern swig_intgo _wrap_OSFT_FACTOR_S_LOW_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FACTOR_V_LOW_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLINEAR_FORWARD_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLINEAR_BACKWARD_capi_osftrt(void);
-extern void _wrap_osft_flinear_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_82 arg2);
-extern swig_type_83 _wrap_osft_flinear_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flinear_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_81 arg2);
+extern swig_type_82 _wrap_osft_flinear_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flinear_options_t_rank_ratio_set_capi_osftrt(uintptr_t arg1, double arg2);
 extern double _wrap_osft_flinear_options_t_rank_ratio_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flinear_options_t_strategy_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
@@ -475,10 +474,10 @@ extern void _wrap_osft_flinear_options_t_factor_dtype_set_capi_osftrt(uintptr_t 
 extern uintptr_t _wrap_osft_flinear_options_t_factor_dtype_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flinear_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flinear_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_flinear_options_init_capi_osftrt(uintptr_t arg1, swig_type_84 arg2);
+extern swig_intgo _wrap_osft_flinear_options_init_capi_osftrt(uintptr_t arg1, swig_type_83 arg2);
 extern swig_intgo _wrap_osft_flinear_create_from_weight_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_voidp arg4);
-extern void _wrap_osft_flinear_factors_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_85 arg2);
-extern swig_type_86 _wrap_osft_flinear_factors_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flinear_factors_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_84 arg2);
+extern swig_type_85 _wrap_osft_flinear_factors_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flinear_factors_t_u_high_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flinear_factors_t_u_high_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flinear_factors_t_s_high_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -493,16 +492,16 @@ extern void _wrap_osft_flinear_factors_t_v_low_set_capi_osftrt(uintptr_t arg1, u
 extern uintptr_t _wrap_osft_flinear_factors_t_v_low_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flinear_factors_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flinear_factors_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_flinear_factors_init_capi_osftrt(uintptr_t arg1, swig_type_87 arg2);
+extern swig_intgo _wrap_osft_flinear_factors_init_capi_osftrt(uintptr_t arg1, swig_type_86 arg2);
 extern swig_intgo _wrap_osft_flinear_create_from_factors_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_voidp arg4);
 extern swig_intgo _wrap_osft_flinear_destroy_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_flinear_get_dims_capi_osftrt(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5);
 extern swig_intgo _wrap_osft_flinear_get_factor_capi_osftrt(uintptr_t arg1, swig_intgo arg2, uintptr_t arg3);
 extern swig_intgo _wrap_osft_flinear_set_strategy_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
-extern swig_intgo _wrap_osft_flinear_choose_strategy_capi_osftrt(uintptr_t arg1, swig_type_88 arg2, swig_intgo arg3, swig_voidp arg4);
+extern swig_intgo _wrap_osft_flinear_choose_strategy_capi_osftrt(uintptr_t arg1, swig_type_87 arg2, swig_intgo arg3, swig_voidp arg4);
 extern swig_intgo _wrap_osft_flinear_forward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4);
-extern void _wrap_osft_flinear_grads_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_89 arg2);
-extern swig_type_90 _wrap_osft_flinear_grads_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flinear_grads_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_88 arg2);
+extern swig_type_89 _wrap_osft_flinear_grads_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flinear_grads_t_grad_x_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flinear_grads_t_grad_x_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flinear_grads_t_grad_u_low_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -523,7 +522,7 @@ extern swig_intgo _wrap_OSFT_FLINEAR_ACCUMULATE_GRAD_S_LOW_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLINEAR_ACCUMULATE_GRAD_V_LOW_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLINEAR_ACCUMULATE_GRAD_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLINEAR_ACCUMULATE_ALL_capi_osftrt(void);
-extern swig_intgo _wrap_osft_flinear_grads_init_capi_osftrt(uintptr_t arg1, swig_type_91 arg2);
+extern swig_intgo _wrap_osft_flinear_grads_init_capi_osftrt(uintptr_t arg1, swig_type_90 arg2);
 extern swig_intgo _wrap_osft_flinear_backward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4);
 extern swig_intgo _wrap_osft_flinear_merge_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern swig_intgo _wrap_osft_flinear_redecompose_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -532,17 +531,17 @@ extern swig_intgo _wrap_OSFT_SHARD_REPLICATED_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_SHARD_U_ROWS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_SHARD_V_ROWS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_SHARD_V_COLS_capi_osftrt(void);
-extern void _wrap_osft_projector_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_92 arg2);
-extern swig_type_93 _wrap_osft_projector_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_91 arg2);
+extern swig_type_92 _wrap_osft_projector_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projector_options_t_check_consistency_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_projector_options_t_check_consistency_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_projector_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_projector_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_projector_options_init_capi_osftrt(uintptr_t arg1, swig_type_94 arg2);
+extern swig_intgo _wrap_osft_projector_options_init_capi_osftrt(uintptr_t arg1, swig_type_93 arg2);
 extern swig_intgo _wrap_osft_projector_create_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_voidp arg4);
 extern swig_intgo _wrap_osft_projector_destroy_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projection_target_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_95 arg2);
-extern swig_type_96 _wrap_osft_projection_target_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projection_target_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_94 arg2);
+extern swig_type_95 _wrap_osft_projection_target_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_u_high_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_projection_target_t_u_high_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_grad_u_low_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -553,8 +552,8 @@ extern void _wrap_osft_projection_target_t_u_layout_set_capi_osftrt(uintptr_t ar
 extern swig_intgo _wrap_osft_projection_target_t_u_layout_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_u_shards_set_capi_osftrt(uintptr_t arg1, swig_voidp arg2);
 extern swig_voidp _wrap_osft_projection_target_t_u_shards_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projection_target_t_n_u_shards_set_capi_osftrt(uintptr_t arg1, swig_type_97 arg2);
-extern swig_type_98 _wrap_osft_projection_target_t_n_u_shards_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projection_target_t_n_u_shards_set_capi_osftrt(uintptr_t arg1, swig_type_96 arg2);
+extern swig_type_97 _wrap_osft_projection_target_t_n_u_shards_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_v_high_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_projection_target_t_v_high_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_grad_v_low_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -565,31 +564,31 @@ extern void _wrap_osft_projection_target_t_v_layout_set_capi_osftrt(uintptr_t ar
 extern swig_intgo _wrap_osft_projection_target_t_v_layout_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_v_shards_set_capi_osftrt(uintptr_t arg1, swig_voidp arg2);
 extern swig_voidp _wrap_osft_projection_target_t_v_shards_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projection_target_t_n_v_shards_set_capi_osftrt(uintptr_t arg1, swig_type_99 arg2);
-extern swig_type_100 _wrap_osft_projection_target_t_n_v_shards_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projection_target_t_n_v_shards_set_capi_osftrt(uintptr_t arg1, swig_type_98 arg2);
+extern swig_type_99 _wrap_osft_projection_target_t_n_v_shards_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_projection_target_t_capi_osftrt(void);
 extern void _wrap_delete_osft_projection_target_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_projection_target_init_capi_osftrt(uintptr_t arg1, swig_type_101 arg2);
+extern swig_intgo _wrap_osft_projection_target_init_capi_osftrt(uintptr_t arg1, swig_type_100 arg2);
 extern swig_intgo _wrap_osft_projector_add_target_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_voidp arg3);
 extern swig_intgo _wrap_osft_projector_add_layer_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4, swig_voidp arg5);
-extern swig_intgo _wrap_osft_projector_set_grads_capi_osftrt(uintptr_t arg1, swig_type_102 arg2, uintptr_t arg3, uintptr_t arg4);
+extern swig_intgo _wrap_osft_projector_set_grads_capi_osftrt(uintptr_t arg1, swig_type_101 arg2, uintptr_t arg3, uintptr_t arg4);
 extern swig_intgo _wrap_osft_projector_prepare_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_projector_invalidate_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_projector_project_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_projector_project_params_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_projector_orthogonality_capi_osftrt(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3);
-extern void _wrap_osft_projector_info_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_103 arg2);
-extern swig_type_104 _wrap_osft_projector_info_t_struct_size_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_targets_set_capi_osftrt(uintptr_t arg1, swig_type_105 arg2);
-extern swig_type_106 _wrap_osft_projector_info_t_targets_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_reduced_elements_set_capi_osftrt(uintptr_t arg1, swig_type_107 arg2);
-extern swig_type_108 _wrap_osft_projector_info_t_reduced_elements_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_collectives_per_project_set_capi_osftrt(uintptr_t arg1, swig_type_109 arg2);
-extern swig_type_110 _wrap_osft_projector_info_t_collectives_per_project_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_coefficient_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_111 arg2);
-extern swig_type_112 _wrap_osft_projector_info_t_coefficient_bytes_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_gathered_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_113 arg2);
-extern swig_type_114 _wrap_osft_projector_info_t_gathered_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_102 arg2);
+extern swig_type_103 _wrap_osft_projector_info_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_targets_set_capi_osftrt(uintptr_t arg1, swig_type_104 arg2);
+extern swig_type_105 _wrap_osft_projector_info_t_targets_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_reduced_elements_set_capi_osftrt(uintptr_t arg1, swig_type_106 arg2);
+extern swig_type_107 _wrap_osft_projector_info_t_reduced_elements_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_collectives_per_project_set_capi_osftrt(uintptr_t arg1, swig_type_108 arg2);
+extern swig_type_109 _wrap_osft_projector_info_t_collectives_per_project_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_coefficient_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_110 arg2);
+extern swig_type_111 _wrap_osft_projector_info_t_coefficient_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_gathered_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_112 arg2);
+extern swig_type_113 _wrap_osft_projector_info_t_gathered_bytes_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projector_info_t_setup_pending_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_projector_info_t_setup_pending_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_projector_info_t_capi_osftrt(void);
@@ -605,8 +604,8 @@ extern swig_intgo _wrap_OSFT_MLP_RELU_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_TILING_AUTO_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_TILING_TOKENS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_TILING_BUDGET_capi_osftrt(void);
-extern void _wrap_osft_mlp_weights_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_115 arg2);
-extern swig_type_116 _wrap_osft_mlp_weights_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_mlp_weights_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_114 arg2);
+extern swig_type_115 _wrap_osft_mlp_weights_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_weights_t_gate_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_mlp_weights_t_gate_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_weights_t_up_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -627,26 +626,26 @@ extern void _wrap_osft_mlp_weights_t_down_bias_set_capi_osftrt(uintptr_t arg1, u
 extern uintptr_t _wrap_osft_mlp_weights_t_down_bias_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_mlp_weights_t_capi_osftrt(void);
 extern void _wrap_delete_osft_mlp_weights_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_mlp_weights_init_capi_osftrt(uintptr_t arg1, swig_type_117 arg2);
-extern void _wrap_osft_mlp_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_118 arg2);
-extern swig_type_119 _wrap_osft_mlp_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_mlp_weights_init_capi_osftrt(uintptr_t arg1, swig_type_116 arg2);
+extern void _wrap_osft_mlp_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_117 arg2);
+extern swig_type_118 _wrap_osft_mlp_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_options_t_tiling_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_mlp_options_t_tiling_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_mlp_options_t_tile_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_120 arg2);
-extern swig_type_121 _wrap_osft_mlp_options_t_tile_tokens_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_mlp_options_t_memory_budget_set_capi_osftrt(uintptr_t arg1, swig_type_122 arg2);
-extern swig_type_123 _wrap_osft_mlp_options_t_memory_budget_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_mlp_options_t_tile_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_119 arg2);
+extern swig_type_120 _wrap_osft_mlp_options_t_tile_tokens_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_mlp_options_t_memory_budget_set_capi_osftrt(uintptr_t arg1, swig_type_121 arg2);
+extern swig_type_122 _wrap_osft_mlp_options_t_memory_budget_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_options_t_dtype_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_mlp_options_t_dtype_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_mlp_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_mlp_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_mlp_options_init_capi_osftrt(uintptr_t arg1, swig_type_124 arg2);
-extern swig_intgo _wrap_osft_mlp_create_capi_osftrt(uintptr_t arg1, swig_intgo arg2, swig_type_125 arg3, swig_type_126 arg4, uintptr_t arg5, uintptr_t arg6, swig_voidp arg7);
+extern swig_intgo _wrap_osft_mlp_options_init_capi_osftrt(uintptr_t arg1, swig_type_123 arg2);
+extern swig_intgo _wrap_osft_mlp_create_capi_osftrt(uintptr_t arg1, swig_intgo arg2, swig_type_124 arg3, swig_type_125 arg4, uintptr_t arg5, uintptr_t arg6, swig_voidp arg7);
 extern swig_intgo _wrap_osft_mlp_destroy_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_mlp_get_tile_count_capi_osftrt(uintptr_t arg1, swig_type_127 arg2, swig_voidp arg3, swig_voidp arg4);
-extern swig_intgo _wrap_osft_mlp_forward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_type_128 arg4);
-extern void _wrap_osft_mlp_grads_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_129 arg2);
-extern swig_type_130 _wrap_osft_mlp_grads_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_mlp_get_tile_count_capi_osftrt(uintptr_t arg1, swig_type_126 arg2, swig_voidp arg3, swig_voidp arg4);
+extern swig_intgo _wrap_osft_mlp_forward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_type_127 arg4);
+extern void _wrap_osft_mlp_grads_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_128 arg2);
+extern swig_type_129 _wrap_osft_mlp_grads_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_grads_t_grad_x_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_mlp_grads_t_grad_x_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_grads_t_grad_gate_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -679,17 +678,17 @@ extern swig_intgo _wrap_OSFT_MLP_ACCUMULATE_GRAD_GATE_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_ACCUMULATE_GRAD_UP_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_ACCUMULATE_GRAD_DOWN_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_ACCUMULATE_ALL_capi_osftrt(void);
-extern swig_intgo _wrap_osft_mlp_grads_init_capi_osftrt(uintptr_t arg1, swig_type_131 arg2);
-extern swig_intgo _wrap_osft_mlp_backward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4, swig_type_132 arg5);
+extern swig_intgo _wrap_osft_mlp_grads_init_capi_osftrt(uintptr_t arg1, swig_type_130 arg2);
+extern swig_intgo _wrap_osft_mlp_backward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4, swig_type_131 arg5);
 extern swig_intgo _wrap_OSFT_FLCE_MEAN_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_SUM_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_NONE_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATOR_FP32_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATOR_OUTPUT_capi_osftrt(void);
-extern void _wrap_osft_flce_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_133 arg2);
-extern swig_type_134 _wrap_osft_flce_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_ignore_index_set_capi_osftrt(uintptr_t arg1, swig_type_135 arg2);
-extern swig_type_136 _wrap_osft_flce_options_t_ignore_index_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_132 arg2);
+extern swig_type_133 _wrap_osft_flce_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_ignore_index_set_capi_osftrt(uintptr_t arg1, swig_type_134 arg2);
+extern swig_type_135 _wrap_osft_flce_options_t_ignore_index_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_label_smoothing_set_capi_osftrt(uintptr_t arg1, double arg2);
 extern double _wrap_osft_flce_options_t_label_smoothing_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_z_loss_scale_set_capi_osftrt(uintptr_t arg1, double arg2);
@@ -700,26 +699,26 @@ extern void _wrap_osft_flce_options_t_reduction_set_capi_osftrt(uintptr_t arg1, 
 extern swig_intgo _wrap_osft_flce_options_t_reduction_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_accumulator_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_flce_options_t_accumulator_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_memory_budget_set_capi_osftrt(uintptr_t arg1, swig_type_137 arg2);
-extern swig_type_138 _wrap_osft_flce_options_t_memory_budget_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_chunk_rows_set_capi_osftrt(uintptr_t arg1, swig_type_139 arg2);
-extern swig_type_140 _wrap_osft_flce_options_t_chunk_rows_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_memory_budget_set_capi_osftrt(uintptr_t arg1, swig_type_136 arg2);
+extern swig_type_137 _wrap_osft_flce_options_t_memory_budget_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_chunk_rows_set_capi_osftrt(uintptr_t arg1, swig_type_138 arg2);
+extern swig_type_139 _wrap_osft_flce_options_t_chunk_rows_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_comm_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flce_options_t_comm_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_vocab_offset_set_capi_osftrt(uintptr_t arg1, swig_type_141 arg2);
-extern swig_type_142 _wrap_osft_flce_options_t_vocab_offset_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_vocab_size_global_set_capi_osftrt(uintptr_t arg1, swig_type_143 arg2);
-extern swig_type_144 _wrap_osft_flce_options_t_vocab_size_global_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_vocab_offset_set_capi_osftrt(uintptr_t arg1, swig_type_140 arg2);
+extern swig_type_141 _wrap_osft_flce_options_t_vocab_offset_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_vocab_size_global_set_capi_osftrt(uintptr_t arg1, swig_type_142 arg2);
+extern swig_type_143 _wrap_osft_flce_options_t_vocab_size_global_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_device_target_check_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_flce_options_t_device_target_check_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flce_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flce_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_flce_options_init_capi_osftrt(uintptr_t arg1, swig_type_145 arg2);
+extern swig_intgo _wrap_osft_flce_options_init_capi_osftrt(uintptr_t arg1, swig_type_144 arg2);
 extern swig_intgo _wrap_osft_flce_create_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_voidp arg3);
 extern swig_intgo _wrap_osft_flce_destroy_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_flce_get_options_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
-extern void _wrap_osft_flce_inputs_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_146 arg2);
-extern swig_type_147 _wrap_osft_flce_inputs_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_inputs_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_145 arg2);
+extern swig_type_146 _wrap_osft_flce_inputs_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_inputs_t_x_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flce_inputs_t_x_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_inputs_t_weight_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -734,9 +733,9 @@ extern void _wrap_osft_flce_inputs_t_grad_loss_set_capi_osftrt(uintptr_t arg1, u
 extern uintptr_t _wrap_osft_flce_inputs_t_grad_loss_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flce_inputs_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flce_inputs_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_flce_inputs_init_capi_osftrt(uintptr_t arg1, swig_type_148 arg2);
-extern void _wrap_osft_flce_outputs_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_149 arg2);
-extern swig_type_150 _wrap_osft_flce_outputs_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_flce_inputs_init_capi_osftrt(uintptr_t arg1, swig_type_147 arg2);
+extern void _wrap_osft_flce_outputs_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_148 arg2);
+extern swig_type_149 _wrap_osft_flce_outputs_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_outputs_t_loss_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flce_outputs_t_loss_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_outputs_t_grad_x_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -761,28 +760,28 @@ extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATE_GRAD_X_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATE_GRAD_WEIGHT_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATE_GRAD_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATE_ALL_capi_osftrt(void);
-extern swig_intgo _wrap_osft_flce_outputs_init_capi_osftrt(uintptr_t arg1, swig_type_151 arg2);
+extern swig_intgo _wrap_osft_flce_outputs_init_capi_osftrt(uintptr_t arg1, swig_type_150 arg2);
 extern swig_intgo _wrap_osft_flce_compute_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3);
 extern swig_intgo _wrap_osft_flce_check_targets_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_152 arg2);
-extern swig_type_153 _wrap_osft_flce_plan_t_struct_size_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_154 arg2);
-extern swig_type_155 _wrap_osft_flce_plan_t_tokens_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_chunk_rows_set_capi_osftrt(uintptr_t arg1, swig_type_156 arg2);
-extern swig_type_157 _wrap_osft_flce_plan_t_chunk_rows_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_chunks_set_capi_osftrt(uintptr_t arg1, swig_type_158 arg2);
-extern swig_type_159 _wrap_osft_flce_plan_t_chunks_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_scratch_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_160 arg2);
-extern swig_type_161 _wrap_osft_flce_plan_t_scratch_bytes_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_budget_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_162 arg2);
-extern swig_type_163 _wrap_osft_flce_plan_t_budget_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_151 arg2);
+extern swig_type_152 _wrap_osft_flce_plan_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_153 arg2);
+extern swig_type_154 _wrap_osft_flce_plan_t_tokens_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_chunk_rows_set_capi_osftrt(uintptr_t arg1, swig_type_155 arg2);
+extern swig_type_156 _wrap_osft_flce_plan_t_chunk_rows_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_chunks_set_capi_osftrt(uintptr_t arg1, swig_type_157 arg2);
+extern swig_type_158 _wrap_osft_flce_plan_t_chunks_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_scratch_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_159 arg2);
+extern swig_type_160 _wrap_osft_flce_plan_t_scratch_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_budget_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_161 arg2);
+extern swig_type_162 _wrap_osft_flce_plan_t_budget_bytes_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flce_plan_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flce_plan_t_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_flce_get_plan_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4);
 extern swig_intgo _wrap_OSFT_QR_HOUSEHOLDER_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_QR_CHOLESKY_QR2_capi_osftrt(void);
-extern void _wrap_osft_qr_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_164 arg2);
-extern swig_type_165 _wrap_osft_qr_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_qr_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_163 arg2);
+extern swig_type_164 _wrap_osft_qr_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_qr_options_t_method_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_qr_options_t_method_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_qr_options_t_orthogonality_threshold_set_capi_osftrt(uintptr_t arg1, double arg2);
@@ -793,9 +792,9 @@ extern void _wrap_osft_qr_options_t_max_concurrency_set_capi_osftrt(uintptr_t ar
 extern swig_intgo _wrap_osft_qr_options_t_max_concurrency_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_qr_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_qr_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_qr_options_init_capi_osftrt(uintptr_t arg1, swig_type_166 arg2);
-extern swig_intgo _wrap_osft_qr_batch_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_type_167 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6, swig_voidp arg7);
-extern swig_intgo _wrap_osft_qr_power_iteration_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_type_168 arg3, uintptr_t arg4, uintptr_t arg5, swig_intgo arg6, swig_voidp arg7);
+extern swig_intgo _wrap_osft_qr_options_init_capi_osftrt(uintptr_t arg1, swig_type_165 arg2);
+extern swig_intgo _wrap_osft_qr_batch_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_type_166 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6, swig_voidp arg7);
+extern swig_intgo _wrap_osft_qr_power_iteration_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_type_167 arg3, uintptr_t arg4, uintptr_t arg5, swig_intgo arg6, swig_voidp arg7);
 #undef intgo
 */
 import "C"
@@ -1132,7 +1131,7 @@ func Osftgo_call(arg1 int, arg2 unsafe.Pointer, arg3 unsafe.Pointer, arg4 unsafe
 	return swig_r
 }
 
-func Osftgo_qr(arg1 uint64, arg2 uint64, arg3 int64, arg4 int, arg5 unsafe.Pointer, arg6 unsafe.Pointer, arg7 unsafe.Pointer) (_swig_ret Enum_SS_osft_status_e) {
+func Osftgo_qr(arg1 uint64, arg2 int64, arg3 int, arg4 unsafe.Pointer, arg5 unsafe.Pointer, arg6 unsafe.Pointer, arg7 unsafe.Pointer) (_swig_ret Enum_SS_osft_status_e) {
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
@@ -1141,7 +1140,7 @@ func Osftgo_qr(arg1 uint64, arg2 uint64, arg3 int64, arg4 int, arg5 unsafe.Point
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osftgo_qr_capi_osftrt(C.swig_type_5(_swig_i_0), C.swig_type_6(_swig_i_1), C.swig_type_7(_swig_i_2), C.swig_intgo(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_voidp(_swig_i_6)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osftgo_qr_capi_osftrt(C.swig_type_5(_swig_i_0), C.swig_type_6(_swig_i_1), C.swig_intgo(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_voidp(_swig_i_6)))
 	return swig_r
 }
 
@@ -1502,7 +1501,7 @@ func (arg1 SwigcptrDLTensor) GetStrides() (_swig_ret *int64) {
 func (arg1 SwigcptrDLTensor) SetByte_offset(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_DLTensor_byte_offset_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_8(_swig_i_1))
+	C._wrap_DLTensor_byte_offset_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_7(_swig_i_1))
 }
 
 func (arg1 SwigcptrDLTensor) GetByte_offset() (_swig_ret uint64) {
@@ -1580,7 +1579,7 @@ func (arg1 SwigcptrDLManagedTensor) GetManager_ctx() (_swig_ret uintptr) {
 func (arg1 SwigcptrDLManagedTensor) SetDeleter(arg2 _swig_fnptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_DLManagedTensor_deleter_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_10(_swig_i_1))
+	C._wrap_DLManagedTensor_deleter_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_9(_swig_i_1))
 }
 
 func (arg1 SwigcptrDLManagedTensor) GetDeleter() (_swig_ret _swig_fnptr) {
@@ -1897,7 +1896,7 @@ func Osft_set_log_callback(arg1 _swig_fnptr, arg2 uintptr, arg3 Enum_SS_osft_log
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_set_log_callback_capi_osftrt(C.swig_type_16(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_intgo(_swig_i_2)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_set_log_callback_capi_osftrt(C.swig_type_15(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_intgo(_swig_i_2)))
 	return swig_r
 }
 
@@ -1939,7 +1938,7 @@ func (p SwigcptrOsft_allocator_t) SwigIsOsft_allocator_t() {
 func (arg1 SwigcptrOsft_allocator_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_allocator_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_17(_swig_i_1))
+	C._wrap_osft_allocator_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_16(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_allocator_t) GetStruct_size() (_swig_ret int64) {
@@ -1965,7 +1964,7 @@ func (arg1 SwigcptrOsft_allocator_t) GetUser() (_swig_ret uintptr) {
 func (arg1 SwigcptrOsft_allocator_t) SetHost_alloc(arg2 _swig_fnptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_allocator_t_host_alloc_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_19(_swig_i_1))
+	C._wrap_osft_allocator_t_host_alloc_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_18(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_allocator_t) GetHost_alloc() (_swig_ret _swig_fnptr) {
@@ -1978,7 +1977,7 @@ func (arg1 SwigcptrOsft_allocator_t) GetHost_alloc() (_swig_ret _swig_fnptr) {
 func (arg1 SwigcptrOsft_allocator_t) SetHost_free(arg2 _swig_fnptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_allocator_t_host_free_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_21(_swig_i_1))
+	C._wrap_osft_allocator_t_host_free_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_20(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_allocator_t) GetHost_free() (_swig_ret _swig_fnptr) {
@@ -1991,7 +1990,7 @@ func (arg1 SwigcptrOsft_allocator_t) GetHost_free() (_swig_ret _swig_fnptr) {
 func (arg1 SwigcptrOsft_allocator_t) SetDevice_alloc(arg2 _swig_fnptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_allocator_t_device_alloc_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_23(_swig_i_1))
+	C._wrap_osft_allocator_t_device_alloc_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_22(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_allocator_t) GetDevice_alloc() (_swig_ret _swig_fnptr) {
@@ -2004,7 +2003,7 @@ func (arg1 SwigcptrOsft_allocator_t) GetDevice_alloc() (_swig_ret _swig_fnptr) {
 func (arg1 SwigcptrOsft_allocator_t) SetDevice_free(arg2 _swig_fnptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_allocator_t_device_free_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_25(_swig_i_1))
+	C._wrap_osft_allocator_t_device_free_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_24(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_allocator_t) GetDevice_free() (_swig_ret _swig_fnptr) {
@@ -2046,7 +2045,7 @@ func Osft_allocator_init(arg1 Osft_allocator_t, arg2 int64) (_swig_ret Enum_SS_o
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_allocator_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_27(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_allocator_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_26(_swig_i_1)))
 	return swig_r
 }
 
@@ -2062,7 +2061,7 @@ func (p SwigcptrOsft_context_options_t) SwigIsOsft_context_options_t() {
 func (arg1 SwigcptrOsft_context_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_context_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_28(_swig_i_1))
+	C._wrap_osft_context_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_27(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_context_options_t) GetStruct_size() (_swig_ret int64) {
@@ -2127,7 +2126,7 @@ func (arg1 SwigcptrOsft_context_options_t) GetAllocator() (_swig_ret Osft_alloca
 func (arg1 SwigcptrOsft_context_options_t) SetWorkspace_limit(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_context_options_t_workspace_limit_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_30(_swig_i_1))
+	C._wrap_osft_context_options_t_workspace_limit_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_29(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_context_options_t) GetWorkspace_limit() (_swig_ret int64) {
@@ -2184,7 +2183,7 @@ func Osft_context_options_init(arg1 Osft_context_options_t, arg2 int64) (_swig_r
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_context_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_32(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_context_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_31(_swig_i_1)))
 	return swig_r
 }
 
@@ -2239,7 +2238,7 @@ func Osft_context_reserve_workspace(arg1 uintptr, arg2 int64) (_swig_ret Enum_SS
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_context_reserve_workspace_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_33(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_context_reserve_workspace_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_32(_swig_i_1)))
 	return swig_r
 }
 
@@ -2270,7 +2269,7 @@ func (p SwigcptrOsft_memory_stats_t) SwigIsOsft_memory_stats_t() {
 func (arg1 SwigcptrOsft_memory_stats_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_memory_stats_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_34(_swig_i_1))
+	C._wrap_osft_memory_stats_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_33(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_memory_stats_t) GetStruct_size() (_swig_ret int64) {
@@ -2283,7 +2282,7 @@ func (arg1 SwigcptrOsft_memory_stats_t) GetStruct_size() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_memory_stats_t) SetHost_in_use(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_memory_stats_t_host_in_use_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_36(_swig_i_1))
+	C._wrap_osft_memory_stats_t_host_in_use_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_35(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_memory_stats_t) GetHost_in_use() (_swig_ret uint64) {
@@ -2296,7 +2295,7 @@ func (arg1 SwigcptrOsft_memory_stats_t) GetHost_in_use() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_memory_stats_t) SetHost_peak(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_memory_stats_t_host_peak_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_38(_swig_i_1))
+	C._wrap_osft_memory_stats_t_host_peak_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_37(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_memory_stats_t) GetHost_peak() (_swig_ret uint64) {
@@ -2309,7 +2308,7 @@ func (arg1 SwigcptrOsft_memory_stats_t) GetHost_peak() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_memory_stats_t) SetDevice_in_use(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_memory_stats_t_device_in_use_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_40(_swig_i_1))
+	C._wrap_osft_memory_stats_t_device_in_use_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_39(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_memory_stats_t) GetDevice_in_use() (_swig_ret uint64) {
@@ -2322,7 +2321,7 @@ func (arg1 SwigcptrOsft_memory_stats_t) GetDevice_in_use() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_memory_stats_t) SetDevice_peak(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_memory_stats_t_device_peak_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_42(_swig_i_1))
+	C._wrap_osft_memory_stats_t_device_peak_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_41(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_memory_stats_t) GetDevice_peak() (_swig_ret uint64) {
@@ -2335,7 +2334,7 @@ func (arg1 SwigcptrOsft_memory_stats_t) GetDevice_peak() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_memory_stats_t) SetHost_allocs(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_memory_stats_t_host_allocs_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_44(_swig_i_1))
+	C._wrap_osft_memory_stats_t_host_allocs_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_43(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_memory_stats_t) GetHost_allocs() (_swig_ret uint64) {
@@ -2348,7 +2347,7 @@ func (arg1 SwigcptrOsft_memory_stats_t) GetHost_allocs() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_memory_stats_t) SetDevice_allocs(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_memory_stats_t_device_allocs_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_46(_swig_i_1))
+	C._wrap_osft_memory_stats_t_device_allocs_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_45(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_memory_stats_t) GetDevice_allocs() (_swig_ret uint64) {
@@ -2361,7 +2360,7 @@ func (arg1 SwigcptrOsft_memory_stats_t) GetDevice_allocs() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_memory_stats_t) SetWorkspace_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_memory_stats_t_workspace_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_48(_swig_i_1))
+	C._wrap_osft_memory_stats_t_workspace_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_47(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_memory_stats_t) GetWorkspace_bytes() (_swig_ret uint64) {
@@ -2464,7 +2463,7 @@ func (p SwigcptrOsft_comm_options_t) SwigIsOsft_comm_options_t() {
 func (arg1 SwigcptrOsft_comm_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_50(_swig_i_1))
+	C._wrap_osft_comm_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_49(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_options_t) GetStruct_size() (_swig_ret int64) {
@@ -2511,7 +2510,7 @@ func Osft_comm_options_init(arg1 Osft_comm_options_t, arg2 int64) (_swig_ret Enu
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_52(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_51(_swig_i_1)))
 	return swig_r
 }
 
@@ -2530,7 +2529,7 @@ func Osft_comm_create_mpi(arg1 uintptr, arg2 int64, arg3 Osft_comm_options_t, ar
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
 	_swig_i_3 := arg4
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_create_mpi_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_53(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_create_mpi_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_52(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_voidp(_swig_i_3)))
 	return swig_r
 }
 
@@ -2548,7 +2547,7 @@ func (p SwigcptrOsft_nccl_unique_id_t) SwigIsOsft_nccl_unique_id_t() {
 func (arg1 SwigcptrOsft_nccl_unique_id_t) SetInternal(arg2 string) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_nccl_unique_id_t_internal_set_capi_osftrt(C.uintptr_t(_swig_i_0), *(*C.swig_type_54)(unsafe.Pointer(&_swig_i_1)))
+	C._wrap_osft_nccl_unique_id_t_internal_set_capi_osftrt(C.uintptr_t(_swig_i_0), *(*C.swig_type_53)(unsafe.Pointer(&_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -2623,7 +2622,7 @@ func (p SwigcptrOsft_comm_callbacks_t) SwigIsOsft_comm_callbacks_t() {
 func (arg1 SwigcptrOsft_comm_callbacks_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_callbacks_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_56(_swig_i_1))
+	C._wrap_osft_comm_callbacks_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_55(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_callbacks_t) GetStruct_size() (_swig_ret int64) {
@@ -2675,7 +2674,7 @@ func (arg1 SwigcptrOsft_comm_callbacks_t) GetSize() (_swig_ret int) {
 func (arg1 SwigcptrOsft_comm_callbacks_t) SetAllreduce_sum(arg2 _swig_fnptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_callbacks_t_allreduce_sum_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_58(_swig_i_1))
+	C._wrap_osft_comm_callbacks_t_allreduce_sum_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_57(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_callbacks_t) GetAllreduce_sum() (_swig_ret _swig_fnptr) {
@@ -2688,7 +2687,7 @@ func (arg1 SwigcptrOsft_comm_callbacks_t) GetAllreduce_sum() (_swig_ret _swig_fn
 func (arg1 SwigcptrOsft_comm_callbacks_t) SetAllgather(arg2 _swig_fnptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_callbacks_t_allgather_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_60(_swig_i_1))
+	C._wrap_osft_comm_callbacks_t_allgather_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_59(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_callbacks_t) GetAllgather() (_swig_ret _swig_fnptr) {
@@ -2701,7 +2700,7 @@ func (arg1 SwigcptrOsft_comm_callbacks_t) GetAllgather() (_swig_ret _swig_fnptr)
 func (arg1 SwigcptrOsft_comm_callbacks_t) SetBarrier(arg2 _swig_fnptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_callbacks_t_barrier_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_62(_swig_i_1))
+	C._wrap_osft_comm_callbacks_t_barrier_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_61(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_callbacks_t) GetBarrier() (_swig_ret _swig_fnptr) {
@@ -2714,7 +2713,7 @@ func (arg1 SwigcptrOsft_comm_callbacks_t) GetBarrier() (_swig_ret _swig_fnptr) {
 func (arg1 SwigcptrOsft_comm_callbacks_t) SetRelease(arg2 _swig_fnptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_callbacks_t_release_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_64(_swig_i_1))
+	C._wrap_osft_comm_callbacks_t_release_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_63(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_callbacks_t) GetRelease() (_swig_ret _swig_fnptr) {
@@ -2760,7 +2759,7 @@ func Osft_comm_callbacks_init(arg1 Osft_comm_callbacks_t, arg2 int64) (_swig_ret
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_callbacks_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_66(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_callbacks_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_65(_swig_i_1)))
 	return swig_r
 }
 
@@ -2806,7 +2805,7 @@ func Osft_comm_allgather(arg1 uintptr, arg2 DLTensor, arg3 DLTensor, arg4 *int64
 	_swig_i_2 := getSwigcptr(arg3)
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_allgather_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_type_67(_swig_i_4)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_allgather_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_type_66(_swig_i_4)))
 	return swig_r
 }
 
@@ -2829,7 +2828,7 @@ func (p SwigcptrOsft_comm_stats_t) SwigIsOsft_comm_stats_t() {
 func (arg1 SwigcptrOsft_comm_stats_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_stats_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_68(_swig_i_1))
+	C._wrap_osft_comm_stats_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_67(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_stats_t) GetStruct_size() (_swig_ret int64) {
@@ -2842,7 +2841,7 @@ func (arg1 SwigcptrOsft_comm_stats_t) GetStruct_size() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_comm_stats_t) SetAllreduce_calls(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_stats_t_allreduce_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_70(_swig_i_1))
+	C._wrap_osft_comm_stats_t_allreduce_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_69(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_stats_t) GetAllreduce_calls() (_swig_ret uint64) {
@@ -2855,7 +2854,7 @@ func (arg1 SwigcptrOsft_comm_stats_t) GetAllreduce_calls() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_comm_stats_t) SetAllgather_calls(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_stats_t_allgather_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_72(_swig_i_1))
+	C._wrap_osft_comm_stats_t_allgather_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_71(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_stats_t) GetAllgather_calls() (_swig_ret uint64) {
@@ -2868,7 +2867,7 @@ func (arg1 SwigcptrOsft_comm_stats_t) GetAllgather_calls() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_comm_stats_t) SetBarrier_calls(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_stats_t_barrier_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_74(_swig_i_1))
+	C._wrap_osft_comm_stats_t_barrier_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_73(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_stats_t) GetBarrier_calls() (_swig_ret uint64) {
@@ -2881,7 +2880,7 @@ func (arg1 SwigcptrOsft_comm_stats_t) GetBarrier_calls() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_comm_stats_t) SetAllreduce_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_stats_t_allreduce_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_76(_swig_i_1))
+	C._wrap_osft_comm_stats_t_allreduce_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_75(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_stats_t) GetAllreduce_bytes() (_swig_ret uint64) {
@@ -2894,7 +2893,7 @@ func (arg1 SwigcptrOsft_comm_stats_t) GetAllreduce_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_comm_stats_t) SetAllgather_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_stats_t_allgather_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_78(_swig_i_1))
+	C._wrap_osft_comm_stats_t_allgather_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_77(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_stats_t) GetAllgather_bytes() (_swig_ret uint64) {
@@ -2907,7 +2906,7 @@ func (arg1 SwigcptrOsft_comm_stats_t) GetAllgather_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_comm_stats_t) SetFailures(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_stats_t_failures_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_80(_swig_i_1))
+	C._wrap_osft_comm_stats_t_failures_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_79(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_stats_t) GetFailures() (_swig_ret uint64) {
@@ -3068,7 +3067,7 @@ func (p SwigcptrOsft_flinear_options_t) SwigIsOsft_flinear_options_t() {
 func (arg1 SwigcptrOsft_flinear_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flinear_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_82(_swig_i_1))
+	C._wrap_osft_flinear_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_81(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flinear_options_t) GetStruct_size() (_swig_ret int64) {
@@ -3145,7 +3144,7 @@ func Osft_flinear_options_init(arg1 Osft_flinear_options_t, arg2 int64) (_swig_r
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_84(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_83(_swig_i_1)))
 	return swig_r
 }
 
@@ -3171,7 +3170,7 @@ func (p SwigcptrOsft_flinear_factors_t) SwigIsOsft_flinear_factors_t() {
 func (arg1 SwigcptrOsft_flinear_factors_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flinear_factors_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_85(_swig_i_1))
+	C._wrap_osft_flinear_factors_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_84(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flinear_factors_t) GetStruct_size() (_swig_ret int64) {
@@ -3293,7 +3292,7 @@ func Osft_flinear_factors_init(arg1 Osft_flinear_factors_t, arg2 int64) (_swig_r
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_factors_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_87(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_factors_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_86(_swig_i_1)))
 	return swig_r
 }
 
@@ -3348,7 +3347,7 @@ func Osft_flinear_choose_strategy(arg1 uintptr, arg2 int64, arg3 Enum_SS_osft_fl
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_choose_strategy_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_88(_swig_i_1), C.swig_intgo(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_choose_strategy_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_87(_swig_i_1), C.swig_intgo(_swig_i_2), C.swig_voidp(_swig_i_3)))
 	return swig_r
 }
 
@@ -3374,7 +3373,7 @@ func (p SwigcptrOsft_flinear_grads_t) SwigIsOsft_flinear_grads_t() {
 func (arg1 SwigcptrOsft_flinear_grads_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flinear_grads_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_89(_swig_i_1))
+	C._wrap_osft_flinear_grads_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_88(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flinear_grads_t) GetStruct_size() (_swig_ret int64) {
@@ -3544,7 +3543,7 @@ func Osft_flinear_grads_init(arg1 Osft_flinear_grads_t, arg2 int64) (_swig_ret E
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_grads_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_91(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_grads_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_90(_swig_i_1)))
 	return swig_r
 }
 
@@ -3627,7 +3626,7 @@ func (p SwigcptrOsft_projector_options_t) SwigIsOsft_projector_options_t() {
 func (arg1 SwigcptrOsft_projector_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_92(_swig_i_1))
+	C._wrap_osft_projector_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_91(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_options_t) GetStruct_size() (_swig_ret int64) {
@@ -3674,7 +3673,7 @@ func Osft_projector_options_init(arg1 Osft_projector_options_t, arg2 int64) (_sw
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projector_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_94(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projector_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_93(_swig_i_1)))
 	return swig_r
 }
 
@@ -3707,7 +3706,7 @@ func (p SwigcptrOsft_projection_target_t) SwigIsOsft_projection_target_t() {
 func (arg1 SwigcptrOsft_projection_target_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projection_target_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_95(_swig_i_1))
+	C._wrap_osft_projection_target_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_94(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projection_target_t) GetStruct_size() (_swig_ret int64) {
@@ -3785,7 +3784,7 @@ func (arg1 SwigcptrOsft_projection_target_t) GetU_shards() (_swig_ret *int64) {
 func (arg1 SwigcptrOsft_projection_target_t) SetN_u_shards(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projection_target_t_n_u_shards_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_97(_swig_i_1))
+	C._wrap_osft_projection_target_t_n_u_shards_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_96(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projection_target_t) GetN_u_shards() (_swig_ret int64) {
@@ -3863,7 +3862,7 @@ func (arg1 SwigcptrOsft_projection_target_t) GetV_shards() (_swig_ret *int64) {
 func (arg1 SwigcptrOsft_projection_target_t) SetN_v_shards(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projection_target_t_n_v_shards_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_99(_swig_i_1))
+	C._wrap_osft_projection_target_t_n_v_shards_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_98(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projection_target_t) GetN_v_shards() (_swig_ret int64) {
@@ -3919,7 +3918,7 @@ func Osft_projection_target_init(arg1 Osft_projection_target_t, arg2 int64) (_sw
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projection_target_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_101(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projection_target_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_100(_swig_i_1)))
 	return swig_r
 }
 
@@ -3949,7 +3948,7 @@ func Osft_projector_set_grads(arg1 uintptr, arg2 int64, arg3 DLTensor, arg4 DLTe
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projector_set_grads_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_102(_swig_i_1), C.uintptr_t(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projector_set_grads_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_101(_swig_i_1), C.uintptr_t(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -4002,7 +4001,7 @@ func (p SwigcptrOsft_projector_info_t) SwigIsOsft_projector_info_t() {
 func (arg1 SwigcptrOsft_projector_info_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_103(_swig_i_1))
+	C._wrap_osft_projector_info_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_102(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetStruct_size() (_swig_ret int64) {
@@ -4015,7 +4014,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetStruct_size() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_projector_info_t) SetTargets(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_targets_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_105(_swig_i_1))
+	C._wrap_osft_projector_info_t_targets_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_104(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetTargets() (_swig_ret int64) {
@@ -4028,7 +4027,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetTargets() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_projector_info_t) SetReduced_elements(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_reduced_elements_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_107(_swig_i_1))
+	C._wrap_osft_projector_info_t_reduced_elements_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_106(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetReduced_elements() (_swig_ret int64) {
@@ -4041,7 +4040,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetReduced_elements() (_swig_ret int64
 func (arg1 SwigcptrOsft_projector_info_t) SetCollectives_per_project(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_collectives_per_project_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_109(_swig_i_1))
+	C._wrap_osft_projector_info_t_collectives_per_project_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_108(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetCollectives_per_project() (_swig_ret int64) {
@@ -4054,7 +4053,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetCollectives_per_project() (_swig_re
 func (arg1 SwigcptrOsft_projector_info_t) SetCoefficient_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_coefficient_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_111(_swig_i_1))
+	C._wrap_osft_projector_info_t_coefficient_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_110(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetCoefficient_bytes() (_swig_ret uint64) {
@@ -4067,7 +4066,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetCoefficient_bytes() (_swig_ret uint
 func (arg1 SwigcptrOsft_projector_info_t) SetGathered_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_gathered_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_113(_swig_i_1))
+	C._wrap_osft_projector_info_t_gathered_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_112(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetGathered_bytes() (_swig_ret uint64) {
@@ -4224,7 +4223,7 @@ func (p SwigcptrOsft_mlp_weights_t) SwigIsOsft_mlp_weights_t() {
 func (arg1 SwigcptrOsft_mlp_weights_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_weights_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_115(_swig_i_1))
+	C._wrap_osft_mlp_weights_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_114(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_weights_t) GetStruct_size() (_swig_ret int64) {
@@ -4391,7 +4390,7 @@ func Osft_mlp_weights_init(arg1 Osft_mlp_weights_t, arg2 int64) (_swig_ret Enum_
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_weights_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_117(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_weights_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_116(_swig_i_1)))
 	return swig_r
 }
 
@@ -4407,7 +4406,7 @@ func (p SwigcptrOsft_mlp_options_t) SwigIsOsft_mlp_options_t() {
 func (arg1 SwigcptrOsft_mlp_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_118(_swig_i_1))
+	C._wrap_osft_mlp_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_117(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_options_t) GetStruct_size() (_swig_ret int64) {
@@ -4433,7 +4432,7 @@ func (arg1 SwigcptrOsft_mlp_options_t) GetTiling() (_swig_ret Enum_SS_osft_mlp_t
 func (arg1 SwigcptrOsft_mlp_options_t) SetTile_tokens(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_options_t_tile_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_120(_swig_i_1))
+	C._wrap_osft_mlp_options_t_tile_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_119(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_options_t) GetTile_tokens() (_swig_ret int64) {
@@ -4446,7 +4445,7 @@ func (arg1 SwigcptrOsft_mlp_options_t) GetTile_tokens() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_mlp_options_t) SetMemory_budget(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_options_t_memory_budget_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_122(_swig_i_1))
+	C._wrap_osft_mlp_options_t_memory_budget_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_121(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_options_t) GetMemory_budget() (_swig_ret int64) {
@@ -4499,7 +4498,7 @@ func Osft_mlp_options_init(arg1 Osft_mlp_options_t, arg2 int64) (_swig_ret Enum_
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_124(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_123(_swig_i_1)))
 	return swig_r
 }
 
@@ -4512,7 +4511,7 @@ func Osft_mlp_create(arg1 uintptr, arg2 Enum_SS_osft_mlp_variant_e, arg3 int64, 
 	_swig_i_4 := getSwigcptr(arg5)
 	_swig_i_5 := getSwigcptr(arg6)
 	_swig_i_6 := arg7
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_create_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), C.swig_type_125(_swig_i_2), C.swig_type_126(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.swig_voidp(_swig_i_6)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_create_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), C.swig_type_124(_swig_i_2), C.swig_type_125(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.swig_voidp(_swig_i_6)))
 	return swig_r
 }
 
@@ -4529,7 +4528,7 @@ func Osft_mlp_get_tile_count(arg1 uintptr, arg2 int64, arg3 *int64, arg4 *int64)
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_get_tile_count_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_127(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_get_tile_count_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_126(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3)))
 	return swig_r
 }
 
@@ -4539,7 +4538,7 @@ func Osft_mlp_forward(arg1 uintptr, arg2 DLTensor, arg3 DLTensor, arg4 int64) (_
 	_swig_i_1 := getSwigcptr(arg2)
 	_swig_i_2 := getSwigcptr(arg3)
 	_swig_i_3 := arg4
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_forward_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_type_128(_swig_i_3)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_forward_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_type_127(_swig_i_3)))
 	return swig_r
 }
 
@@ -4555,7 +4554,7 @@ func (p SwigcptrOsft_mlp_grads_t) SwigIsOsft_mlp_grads_t() {
 func (arg1 SwigcptrOsft_mlp_grads_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_grads_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_129(_swig_i_1))
+	C._wrap_osft_mlp_grads_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_128(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_grads_t) GetStruct_size() (_swig_ret int64) {
@@ -4816,7 +4815,7 @@ func Osft_mlp_grads_init(arg1 Osft_mlp_grads_t, arg2 int64) (_swig_ret Enum_SS_o
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_grads_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_131(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_grads_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_130(_swig_i_1)))
 	return swig_r
 }
 
@@ -4827,7 +4826,7 @@ func Osft_mlp_backward(arg1 uintptr, arg2 DLTensor, arg3 DLTensor, arg4 Osft_mlp
 	_swig_i_2 := getSwigcptr(arg3)
 	_swig_i_3 := getSwigcptr(arg4)
 	_swig_i_4 := arg5
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_backward_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.uintptr_t(_swig_i_3), C.swig_type_132(_swig_i_4)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_backward_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.uintptr_t(_swig_i_3), C.swig_type_131(_swig_i_4)))
 	return swig_r
 }
 
@@ -4887,7 +4886,7 @@ func (p SwigcptrOsft_flce_options_t) SwigIsOsft_flce_options_t() {
 func (arg1 SwigcptrOsft_flce_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_133(_swig_i_1))
+	C._wrap_osft_flce_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_132(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetStruct_size() (_swig_ret int64) {
@@ -4900,7 +4899,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetStruct_size() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_options_t) SetIgnore_index(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_ignore_index_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_135(_swig_i_1))
+	C._wrap_osft_flce_options_t_ignore_index_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_134(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetIgnore_index() (_swig_ret int64) {
@@ -4978,7 +4977,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetAccumulator() (_swig_ret Enum_SS_osft
 func (arg1 SwigcptrOsft_flce_options_t) SetMemory_budget(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_memory_budget_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_137(_swig_i_1))
+	C._wrap_osft_flce_options_t_memory_budget_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_136(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetMemory_budget() (_swig_ret int64) {
@@ -4991,7 +4990,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetMemory_budget() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_options_t) SetChunk_rows(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_chunk_rows_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_139(_swig_i_1))
+	C._wrap_osft_flce_options_t_chunk_rows_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_138(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetChunk_rows() (_swig_ret int64) {
@@ -5017,7 +5016,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetComm() (_swig_ret uintptr) {
 func (arg1 SwigcptrOsft_flce_options_t) SetVocab_offset(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_vocab_offset_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_141(_swig_i_1))
+	C._wrap_osft_flce_options_t_vocab_offset_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_140(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetVocab_offset() (_swig_ret int64) {
@@ -5030,7 +5029,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetVocab_offset() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_options_t) SetVocab_size_global(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_vocab_size_global_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_143(_swig_i_1))
+	C._wrap_osft_flce_options_t_vocab_size_global_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_142(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetVocab_size_global() (_swig_ret int64) {
@@ -5099,7 +5098,7 @@ func Osft_flce_options_init(arg1 Osft_flce_options_t, arg2 int64) (_swig_ret Enu
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_145(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_144(_swig_i_1)))
 	return swig_r
 }
 
@@ -5139,7 +5138,7 @@ func (p SwigcptrOsft_flce_inputs_t) SwigIsOsft_flce_inputs_t() {
 func (arg1 SwigcptrOsft_flce_inputs_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_inputs_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_146(_swig_i_1))
+	C._wrap_osft_flce_inputs_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_145(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_inputs_t) GetStruct_size() (_swig_ret int64) {
@@ -5261,7 +5260,7 @@ func Osft_flce_inputs_init(arg1 Osft_flce_inputs_t, arg2 int64) (_swig_ret Enum_
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_inputs_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_148(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_inputs_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_147(_swig_i_1)))
 	return swig_r
 }
 
@@ -5277,7 +5276,7 @@ func (p SwigcptrOsft_flce_outputs_t) SwigIsOsft_flce_outputs_t() {
 func (arg1 SwigcptrOsft_flce_outputs_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_outputs_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_149(_swig_i_1))
+	C._wrap_osft_flce_outputs_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_148(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_outputs_t) GetStruct_size() (_swig_ret int64) {
@@ -5476,7 +5475,7 @@ func Osft_flce_outputs_init(arg1 Osft_flce_outputs_t, arg2 int64) (_swig_ret Enu
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_outputs_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_151(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_outputs_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_150(_swig_i_1)))
 	return swig_r
 }
 
@@ -5508,7 +5507,7 @@ func (p SwigcptrOsft_flce_plan_t) SwigIsOsft_flce_plan_t() {
 func (arg1 SwigcptrOsft_flce_plan_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_152(_swig_i_1))
+	C._wrap_osft_flce_plan_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_151(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetStruct_size() (_swig_ret int64) {
@@ -5521,7 +5520,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetStruct_size() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetTokens(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_154(_swig_i_1))
+	C._wrap_osft_flce_plan_t_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_153(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetTokens() (_swig_ret int64) {
@@ -5534,7 +5533,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetTokens() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetChunk_rows(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_chunk_rows_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_156(_swig_i_1))
+	C._wrap_osft_flce_plan_t_chunk_rows_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_155(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetChunk_rows() (_swig_ret int64) {
@@ -5547,7 +5546,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetChunk_rows() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetChunks(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_chunks_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_158(_swig_i_1))
+	C._wrap_osft_flce_plan_t_chunks_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_157(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetChunks() (_swig_ret int64) {
@@ -5560,7 +5559,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetChunks() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetScratch_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_scratch_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_160(_swig_i_1))
+	C._wrap_osft_flce_plan_t_scratch_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_159(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetScratch_bytes() (_swig_ret uint64) {
@@ -5573,7 +5572,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetScratch_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetBudget_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_budget_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_162(_swig_i_1))
+	C._wrap_osft_flce_plan_t_budget_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_161(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetBudget_bytes() (_swig_ret uint64) {
@@ -5651,7 +5650,7 @@ func (p SwigcptrOsft_qr_options_t) SwigIsOsft_qr_options_t() {
 func (arg1 SwigcptrOsft_qr_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_qr_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_164(_swig_i_1))
+	C._wrap_osft_qr_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_163(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_qr_options_t) GetStruct_size() (_swig_ret int64) {
@@ -5743,7 +5742,7 @@ func Osft_qr_options_init(arg1 Osft_qr_options_t, arg2 int64) (_swig_ret Enum_SS
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_166(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_165(_swig_i_1)))
 	return swig_r
 }
 
@@ -5756,7 +5755,7 @@ func Osft_qr_batch(arg1 uintptr, arg2 Osft_qr_options_t, arg3 int64, arg4 uintpt
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_batch_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_167(_swig_i_2), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.swig_voidp(_swig_i_6)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_batch_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_166(_swig_i_2), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.swig_voidp(_swig_i_6)))
 	return swig_r
 }
 
@@ -5769,6 +5768,6 @@ func Osft_qr_power_iteration(arg1 uintptr, arg2 Osft_qr_options_t, arg3 int64, a
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_power_iteration_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_168(_swig_i_2), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.swig_intgo(_swig_i_5), C.swig_voidp(_swig_i_6)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_power_iteration_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_167(_swig_i_2), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.swig_intgo(_swig_i_5), C.swig_voidp(_swig_i_6)))
 	return swig_r
 }
