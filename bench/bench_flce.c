@@ -10,8 +10,11 @@
  *                  one chunk of M rows;
  * and osft_flce_compute with the default budget, with a tight one (the
  * call's fixed scratch plus 1/D of the M x V fp32 logits, D = 4 by default),
- * and with the default budget and OSFT_FLCE_ACCUMULATOR_OUTPUT (grad_W summed
- * in bf16 over the chunks: Liger-Kernel's default, and its memory).
+ * with the default budget and OSFT_FLCE_ACCUMULATOR_OUTPUT (grad_W summed
+ * in bf16 over the chunks: Liger-Kernel's default), and with that
+ * accumulator in Liger-Kernel's chunks ("liger": next_pow2(ceil(M /
+ * ceil(V / H))) rows, so that a chunk's logits are about the size of x:
+ * its memory, to compare speed at equal memory).
  *
  *   bench_flce [--device cpu|cuda] [--scale S] [--reps R] [--budget-div D]
  *              [--csv FILE]
@@ -281,12 +284,21 @@ static size_t tight_budget(problem *p, int div) {
 
 /* -------------------------------------------------------------- timing */
 
-enum { GEMMS, MATERIALIZED, FUSED, TIGHT, OUT_ACC, VARIANTS };
+enum { GEMMS, MATERIALIZED, FUSED, TIGHT, OUT_ACC, LIGER, VARIANTS };
 
 typedef struct {
   problem *p;
-  fused_setup *one_chunk, *def, *tight, *out_acc;
+  fused_setup *one_chunk, *def, *tight, *out_acc, *liger;
 } bench_case;
+
+/* Liger-Kernel's chunk rows for M tokens: next_pow2(ceil(M / ceil(V / H))). */
+static int64_t liger_chunk_rows(const problem *p) {
+  const int64_t inc = (p->v + p->h - 1) / p->h;
+  const int64_t want = (p->m + inc - 1) / inc;
+  int64_t rows = 1;
+  while (rows < want) rows *= 2;
+  return rows < p->m ? rows : p->m;
+}
 
 static void run_variant(bench_case *b, int variant) {
   switch (variant) {
@@ -299,7 +311,8 @@ static void run_variant(bench_case *b, int variant) {
       break;
     case FUSED: fused(b->def); break;
     case TIGHT: fused(b->tight); break;
-    default: fused(b->out_acc); break;
+    case OUT_ACC: fused(b->out_acc); break;
+    default: fused(b->liger); break;
   }
 }
 
@@ -332,12 +345,13 @@ static void bench_shape(problem *p, int reps, int budget_div, FILE *csv) {
   const int cuda = p->cuda;
   const double mxv_mib = (double)p->m * p->v * sizeof(float) / (1 << 20);
   const size_t tight = tight_budget(p, budget_div);
-  fused_setup one, def, tgt, out;
+  fused_setup one, def, tgt, out, lig;
   if (cuda) setup_fused(&one, p, SIZE_MAX / 2, p->m, OSFT_FLCE_ACCUMULATOR_FP32);
   setup_fused(&def, p, 0, 0, OSFT_FLCE_ACCUMULATOR_FP32);
   setup_fused(&tgt, p, tight, 0, OSFT_FLCE_ACCUMULATOR_FP32);
   setup_fused(&out, p, 0, 0, OSFT_FLCE_ACCUMULATOR_OUTPUT);
-  bench_case b = {p, cuda ? &one : NULL, &def, &tgt, &out};
+  setup_fused(&lig, p, SIZE_MAX / 2, liger_chunk_rows(p), OSFT_FLCE_ACCUMULATOR_OUTPUT);
+  bench_case b = {p, cuda ? &one : NULL, &def, &tgt, &out, &lig};
   double t[VARIANTS];
   time_all(&b, reps, t);
   run_variant(&b, MATERIALIZED);
@@ -347,30 +361,33 @@ static void bench_shape(problem *p, int reps, int budget_div, FILE *csv) {
   if (fabsf(loss - loss_mat) > 1e-3f * fabsf(loss_mat))
     fprintf(stderr, "warning: loss %g (flce) vs %g (materialized)\n", loss, loss_mat);
   const double def_mib = peak_mib(&def, cuda), tgt_mib = peak_mib(&tgt, cuda);
-  const double out_mib = peak_mib(&out, cuda);
+  const double out_mib = peak_mib(&out, cuda), lig_mib = peak_mib(&lig, cuda);
   printf(
-      "%5d %5d %6d | %8.1f %8.1f %8.1f %8.1f %8.1f | %6.3f %6.3f %6.3f %6.2f | %8.1f "
-      "%8.1f %8.1f %8.1f | %lld x %lld; %lld x %lld\n",
+      "%5d %5d %6d | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f | %6.3f %6.3f %6.3f %6.3f %6.2f "
+      "| %8.1f %8.1f %8.1f %8.1f %8.1f | %lld x %lld; %lld x %lld; %lld x %lld\n",
       p->m, p->h, p->v, t[GEMMS], t[MATERIALIZED], t[FUSED], t[TIGHT], t[OUT_ACC],
-      t[FUSED] / t[GEMMS], t[TIGHT] / t[GEMMS], t[OUT_ACC] / t[GEMMS],
-      t[MATERIALIZED] / t[FUSED], mxv_mib, def_mib, tgt_mib, out_mib,
-      (long long)def.plan.chunks, (long long)def.plan.chunk_rows,
-      (long long)tgt.plan.chunks, (long long)tgt.plan.chunk_rows);
+      t[LIGER], t[FUSED] / t[GEMMS], t[TIGHT] / t[GEMMS], t[OUT_ACC] / t[GEMMS],
+      t[LIGER] / t[GEMMS], t[MATERIALIZED] / t[FUSED], mxv_mib, def_mib, tgt_mib, out_mib,
+      lig_mib, (long long)def.plan.chunks, (long long)def.plan.chunk_rows,
+      (long long)tgt.plan.chunks, (long long)tgt.plan.chunk_rows,
+      (long long)lig.plan.chunks, (long long)lig.plan.chunk_rows);
   fflush(stdout);
   if (csv)
     fprintf(csv,
             "%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f,%.2f,%.2f,%.2f,%.2f,%lld,"
-            "%lld,%lld,%lld,%.3f,%.4f,%.2f\n",
+            "%lld,%lld,%lld,%.3f,%.4f,%.2f,%.3f,%.4f,%.2f,%lld\n",
             cuda ? "cuda" : "cpu", p->m, p->h, p->v, t[GEMMS], t[MATERIALIZED], t[FUSED],
             t[TIGHT], t[FUSED] / t[GEMMS], t[TIGHT] / t[GEMMS],
             t[MATERIALIZED] / t[FUSED], mxv_mib, def_mib, tgt_mib,
             (double)tight / (1 << 20), (long long)def.plan.chunks,
             (long long)def.plan.chunk_rows, (long long)tgt.plan.chunks,
-            (long long)tgt.plan.chunk_rows, t[OUT_ACC], t[OUT_ACC] / t[GEMMS], out_mib);
+            (long long)tgt.plan.chunk_rows, t[OUT_ACC], t[OUT_ACC] / t[GEMMS], out_mib,
+            t[LIGER], t[LIGER] / t[GEMMS], lig_mib, (long long)lig.plan.chunk_rows);
   if (cuda) teardown_fused(&one);
   teardown_fused(&def);
   teardown_fused(&tgt);
   teardown_fused(&out);
+  teardown_fused(&lig);
 }
 
 int main(int argc, char **argv) {
@@ -412,15 +429,20 @@ int main(int argc, char **argv) {
         "device,bt,h,v,gemms_ms,materialized_ms,flce_ms,flce_tight_ms,flce_over_gemms,"
         "tight_over_gemms,materialized_over_flce,mxv_mib,flce_peak_mib,"
         "tight_peak_mib,tight_budget_mib,chunks,chunk_rows,tight_chunks,"
-        "tight_chunk_rows,outacc_ms,outacc_over_gemms,outacc_peak_mib\n");
+        "tight_chunk_rows,outacc_ms,outacc_over_gemms,outacc_peak_mib,liger_ms,"
+        "liger_over_gemms,liger_peak_mib,liger_chunk_rows\n");
   printf(
       "# %s\n# %s, shapes / %d, median of %d; tight budget = fixed + M x V x 4 / %d; "
-      "acc.out = grad_W summed in its own dtype\n",
+      "acc.out = grad_W summed in its own dtype; liger = acc.out in Liger-Kernel's "
+      "chunks\n",
       osft_build_info(), cuda ? "CUDA, bf16" : "CPU, fp32", scale, reps, budget_div);
-  printf("%5s %5s %6s | %8s %8s %8s %8s %8s | %6s %6s %6s %6s | %8s %8s %8s %8s | %s\n",
-         "BT", "H", "V", "gemms", "mater.", "flce", "tight", "acc.out", "f/gem", "t/gem",
-         "o/gem", "mat/f", "MxV MiB", "peak MiB", "tgt MiB", "out MiB",
-         "chunks (default; tight)");
+  printf(
+      "%5s %5s %6s | %8s %8s %8s %8s %8s %8s | %6s %6s %6s %6s %6s | %8s %8s %8s %8s %8s "
+      "| "
+      "%s\n",
+      "BT", "H", "V", "gemms", "mater.", "flce", "tight", "acc.out", "liger", "f/gem",
+      "t/gem", "o/gem", "l/gem", "mat/f", "MxV MiB", "peak MiB", "tgt MiB", "out MiB",
+      "lig MiB", "chunks (default; tight; liger)");
   for (int bi = 0; bi < 2; ++bi)
     for (int vi = 0; vi < 2; ++vi) {
       problem p;
