@@ -2,8 +2,8 @@
 # CI stage of the example trainer (issue 12): runs the README's first
 # command (bash .ci/example.sh: setup, build ./build, the default trainer run
 # with --check), checks that it printed the results table, then runs the
-# trainer's ctests in ./build (three seeds of a shortened run, a gradient check,
-# --device staged against --device cpu).
+# trainer's ctests in ./build (three seeds of a shortened run, a gradient check
+# on --device cpu and on --device staged, --device staged against --device cpu).
 # Exit 0 only when all of it passed.
 #
 # Usage: bash .ci/stage_trainer.sh   (from any directory)
@@ -18,5 +18,5 @@ grep -q '^osftrt_train: done' "$log" || { echo "stage_trainer: no final line" >&
 cmake --build build --target osftrt_train -j2
 ctest --test-dir build --output-on-failure -R '^example_train'
 n=$(ctest --test-dir build -N -R '^example_train' | grep -c 'Test *#' || true)
-[[ $n -eq 5 ]] || { echo "stage_trainer: expected 5 trainer tests, found $n" >&2; exit 1; }
+[[ $n -eq 6 ]] || { echo "stage_trainer: expected 6 trainer tests, found $n" >&2; exit 1; }
 echo "stage_trainer: PASS"
