@@ -225,30 +225,6 @@ void check_argmax(const flce_case *c, const flce_tensors *T, const ref_out *r,
   free(am);
 }
 
-/* The outputs' bytes, in a fixed order (for "nothing written"). */
-static void **output_bytes(const flce_tensors *T, size_t *sizes) {
-  const tt *outs[8] = {T->loss, T->dx, T->dw, T->db, T->z, T->acc, T->amax, T->tok};
-  void **b = calloc(8, sizeof(void *));
-  for (int i = 0; i < 8; ++i) b[i] = outs[i] ? tt_bytes(outs[i], &sizes[i]) : NULL;
-  return b;
-}
-
-static void expect_unwritten(const flce_tensors *T, void **before, const size_t *sizes,
-                             const char *name) {
-  size_t now_sizes[8] = {0};
-  void **now = output_bytes(T, now_sizes);
-  static const char *names[8] = {"loss",   "grad_x",   "grad_weight", "grad_bias",
-                                 "z_loss", "accuracy", "argmax",      "token_loss"};
-  for (int i = 0; i < 8; ++i) {
-    if (before[i] && memcmp(before[i], now[i], sizes[i]) != 0)
-      fail_msg("%s: the refused call wrote %s", name, names[i]);
-    free(before[i]);
-    free(now[i]);
-  }
-  free(before);
-  free(now);
-}
-
 osft_status_t run_case_refusing(osft_context_t ctx, const flce_case *c,
                                 test_alloc_state *a, long granted, int device) {
   char name[320];
@@ -267,19 +243,18 @@ osft_status_t run_case_refusing(osft_context_t ctx, const flce_case *c,
   osft_flce_inputs_t in;
   osft_flce_outputs_t out;
   flce_bind(c, &T, &in, &out);
-  size_t sizes[8] = {0};
-  void **before = output_bytes(&T, sizes);
+  tt *const outs[8] = {T.loss, T.dx, T.dw, T.db, T.z, T.acc, T.amax, T.tok};
+  tt_snapshot before;
+  tt_snapshot_take(&before, outs, 8);
   if (a != NULL) test_alloc_refuse(a, device, granted);
   const osft_status_t st = osft_flce_compute(f, &in, &out);
   if (st != OSFT_STATUS_SUCCESS) {
     if (st != OSFT_STATUS_OUT_OF_MEMORY)
       fail_msg("%s: a refused allocation gave %s, not OUT_OF_MEMORY", name,
                osft_status_string(st));
-    expect_unwritten(&T, before, sizes, name);
-  } else {
-    for (int i = 0; i < 8; ++i) free(before[i]);
-    free(before);
+    tt_snapshot_expect_untouched(&before, name);
   }
+  tt_snapshot_release(&before);
 
   if (st == OSFT_STATUS_SUCCESS) {
     const int per_token = c->reduction == OSFT_FLCE_NONE;

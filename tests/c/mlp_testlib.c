@@ -442,30 +442,15 @@ cfg base_cfg(osft_mlp_variant_t v, tt_dtype d) {
 }
 
 void snapshot_take(snapshot *s, tt *y, const grads *G) {
-  tt *slot[SLOTS];
-  grad_slots(G, slot);
-  s->n = 0;
-  s->t[s->n++] = y;
-  for (int i = 0; i < SLOTS; ++i)
-    if (slot[i]) s->t[s->n++] = slot[i];
-  for (int i = 0; i < s->n; ++i) {
-    tt_random(s->t[i], -1, 1);
-    s->bytes[i] = tt_bytes(s->t[i], &s->size[i]);
-  }
+  tt *all[SLOTS + 1];
+  all[0] = y;
+  grad_slots(G, all + 1);
+  for (int i = 0; i <= SLOTS; ++i)
+    if (all[i]) tt_random(all[i], -1, 1);
+  tt_snapshot_take(s, all, SLOTS + 1);
 }
 
 void snapshot_expect_untouched(snapshot *s) {
-  for (int i = 0; i < s->n; ++i) {
-    size_t now_size;
-    void *now = tt_bytes(s->t[i], &now_size);
-    assert_int_equal(now_size, s->size[i]);
-    assert_memory_equal(now, s->bytes[i], s->size[i]);
-    free(now);
-    free(s->bytes[i]);
-  }
-}
-
-void snapshot_forget(snapshot *s) {
-  for (int i = 0; i < s->n; ++i) free(s->bytes[i]);
-  s->n = 0;
+  tt_snapshot_expect_untouched(s, "MLP call");
+  tt_snapshot_release(s);
 }

@@ -152,19 +152,11 @@ cfg base_cfg(osft_mlp_variant_t v, tt_dtype d);
 
 /* Every output of a call (y and the gradients), filled with random values
  * and remembered byte for byte, to prove a failing call wrote nothing. */
-typedef struct {
-  tt *t[SLOTS + 1];
-  void *bytes[SLOTS + 1];
-  size_t size[SLOTS + 1];
-  int n;
-} snapshot;
+typedef tt_snapshot snapshot;
 
 void snapshot_take(snapshot *s, tt *y, const grads *G);
 
 /* Asserts that nothing changed, and forgets the snapshot. */
 void snapshot_expect_untouched(snapshot *s);
-
-/* Forgets the snapshot (the call succeeded). */
-void snapshot_forget(snapshot *s);
 
 #endif

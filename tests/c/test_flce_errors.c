@@ -19,43 +19,13 @@
 
 /* ---------------------------------------------------------------- errors */
 
-typedef struct {
-  tt *t[8];
-  void *bytes[8];
-  size_t size[8];
-  int n;
-} snapshot;
+typedef tt_snapshot snapshot;
 
-static void take(snapshot *s, tt *const *ts, int n) {
-  s->n = 0;
-  for (int i = 0; i < n; ++i)
-    if (ts[i]) {
-      s->t[s->n] = ts[i];
-      s->bytes[s->n] = tt_bytes(ts[i], &s->size[s->n]);
-      s->n++;
-    }
-}
-
-static void expect_untouched(const snapshot *s, int line) {
-  for (int i = 0; i < s->n; ++i) {
-    size_t size;
-    void *now = tt_bytes(s->t[i], &size);
-    assert_int_equal(size, s->size[i]);
-    if (memcmp(now, s->bytes[i], size) != 0)
-      fail_msg("output %d changed by the failed call on line %d", i, line);
-    free(now);
-  }
-}
-
-static void release(snapshot *s) {
-  for (int i = 0; i < s->n; ++i) free(s->bytes[i]);
-}
-
-#define EXPECT_FAIL(call, status, needle) \
-  do {                                    \
-    assert_status((call), (status));      \
-    assert_error_mentions(needle);        \
-    expect_untouched(snap, __LINE__);     \
+#define EXPECT_FAIL(call, status, needle)      \
+  do {                                         \
+    assert_status((call), (status));           \
+    assert_error_mentions(needle);             \
+    tt_snapshot_expect_untouched(snap, #call); \
   } while (0)
 
 /* A case's tensors with every output set to random values (that a failed
@@ -65,7 +35,7 @@ static flce_tensors error_tensors(const flce_case *c, const char *seed, snapshot
   flce_tensors T = make_tensors(c);
   tt *outs[8] = {T.loss, T.dx, T.dw, T.db, T.z, T.acc, T.amax, T.tok};
   for (int i = 0; i < 8; ++i) tt_random(outs[i], -1, 1);
-  take(snap, outs, 8);
+  tt_snapshot_take(snap, outs, 8);
   return T;
 }
 
@@ -264,11 +234,11 @@ static void test_call_errors_write_nothing(void **state) {
 
   /* the same arguments work */
   assert_ok(osft_flce_compute(f, &in, &out));
-  release(snap);
-  take(snap, outs, 8);
+  tt_snapshot_release(snap);
+  tt_snapshot_take(snap, outs, 8);
   assert_ok(osft_flce_destroy(f));
   EXPECT_FAIL(osft_flce_compute(f, &in, &out), OSFT_STATUS_INVALID_HANDLE, "flce");
-  release(snap);
+  tt_snapshot_release(snap);
   free_tensors(&T);
 }
 
@@ -410,7 +380,7 @@ static void test_vocab_options_errors(void **state) {
   assert_ptr_equal(back.comm, comm);
   assert_int_equal(back.vocab_size_global, 14);
   assert_ok(osft_flce_destroy(f));
-  release(snap);
+  tt_snapshot_release(snap);
   free_tensors(&T);
 
   /* an older caller's struct (up to chunk_rows) is accepted: no comm */

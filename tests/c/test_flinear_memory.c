@@ -25,24 +25,6 @@ typedef struct {
   int backward;
 } refusal_case;
 
-/* The outputs' bytes, to prove a failed call wrote nothing. */
-static void **take_bytes(tt *const *outs, int n, size_t *sizes) {
-  void **b = calloc((size_t)n, sizeof(void *));
-  for (int i = 0; i < n; ++i) b[i] = outs[i] ? tt_bytes(outs[i], &sizes[i]) : NULL;
-  return b;
-}
-
-static void expect_unwritten(tt *const *outs, int n, void **before, const size_t *sizes) {
-  for (int i = 0; i < n; ++i) {
-    if (outs[i] == NULL) continue;
-    size_t now_size;
-    void *now = tt_bytes(outs[i], &now_size);
-    assert_int_equal(now_size, sizes[i]);
-    assert_memory_equal(now, before[i], sizes[i]);
-    free(now);
-  }
-}
-
 /* A tt_refused_call (test_tensors.h) of one forward or backward. */
 static void refused_call(void *user, osft_context_t ctx, test_alloc_state *a, int device,
                          long granted) {
@@ -60,8 +42,8 @@ static void refused_call(void *user, osft_context_t ctx, test_alloc_state *a, in
   tt_random(g, -1, 1);
   tt *outs[6] = {y, dx, du, ds, dv, db};
   for (int i = 0; i < 6; ++i) tt_poison(outs[i]);
-  size_t sizes[6] = {0};
-  void **before = take_bytes(outs, 6, sizes);
+  tt_snapshot before;
+  tt_snapshot_take(&before, outs, 6);
   osft_flinear_grads_t gr;
   assert_ok(OSFT_FLINEAR_GRADS_INIT(&gr));
   gr.grad_x = &dx->t;
@@ -77,7 +59,7 @@ static void refused_call(void *user, osft_context_t ctx, test_alloc_state *a, in
 
   if (st != OSFT_STATUS_SUCCESS) {
     assert_int_equal(st, OSFT_STATUS_OUT_OF_MEMORY);
-    expect_unwritten(outs, 6, before, sizes);
+    tt_snapshot_expect_untouched(&before, c->backward ? "backward" : "forward");
   } else {
     const double tol = c->dtype == TT_BF16 ? 3e-2 : 2e-4;
     double *xd = tt_get(x), *bd = tt_get(bias), *gd = tt_get(g);
@@ -98,8 +80,7 @@ static void refused_call(void *user, osft_context_t ctx, test_alloc_state *a, in
     free(bd);
     free(gd);
   }
-  for (int i = 0; i < 6; ++i) free(before[i]);
-  free(before);
+  tt_snapshot_release(&before);
   ref_free(&R);
   tt *all[10] = {w, x, bias, g, y, dx, du, ds, dv, db};
   for (int i = 0; i < 10; ++i) tt_free(all[i]);

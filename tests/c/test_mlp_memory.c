@@ -169,7 +169,7 @@ static void refused_pass(void *user, osft_context_t ctx, test_alloc_state *a, in
     assert_int_equal(st, OSFT_STATUS_OUT_OF_MEMORY);
     snapshot_expect_untouched(&snap);
   } else {
-    snapshot_forget(&snap);
+    tt_snapshot_release(&snap);
     if (pass == 0)
       expect_close("y after refusals", y, o.y, tol_for(c.dtype));
     else

@@ -406,3 +406,30 @@ void tt_refusal_sweep(tt_refused_call call, void *user) {
     }
   }
 }
+
+void tt_snapshot_take(tt_snapshot *s, tt *const *ts, int n) {
+  s->n = 0;
+  for (int i = 0; i < n; ++i) {
+    if (ts[i] == NULL) continue;
+    assert_true(s->n < TT_SNAPSHOT_MAX);
+    s->t[s->n] = ts[i];
+    s->bytes[s->n] = tt_bytes(ts[i], &s->size[s->n]);
+    s->n++;
+  }
+}
+
+void tt_snapshot_expect_untouched(const tt_snapshot *s, const char *what) {
+  for (int i = 0; i < s->n; ++i) {
+    size_t size;
+    void *now = tt_bytes(s->t[i], &size);
+    assert_int_equal(size, s->size[i]);
+    const int same = memcmp(now, s->bytes[i], size) == 0;
+    free(now);
+    if (!same) fail_msg("%s: output %d changed by the failed call", what, i);
+  }
+}
+
+void tt_snapshot_release(tt_snapshot *s) {
+  for (int i = 0; i < s->n; ++i) free(s->bytes[i]);
+  s->n = 0;
+}

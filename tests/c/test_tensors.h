@@ -38,6 +38,21 @@ osft_context_t tt_counting_context(test_alloc_state *a);
  * allocated was freed, with the size it was allocated with. */
 void tt_expect_all_returned(const test_alloc_state *a);
 
+/* Byte snapshots of a call's outputs, to prove a failed call wrote nothing:
+ * take copies the bytes of every non-NULL tensor of ts (at most
+ * TT_SNAPSHOT_MAX); expect_untouched asserts they are unchanged (`what`
+ * names the call in the message); release frees the copies. */
+enum { TT_SNAPSHOT_MAX = 24 };
+typedef struct {
+  tt *t[TT_SNAPSHOT_MAX];
+  void *bytes[TT_SNAPSHOT_MAX];
+  size_t size[TT_SNAPSHOT_MAX];
+  int n;
+} tt_snapshot;
+void tt_snapshot_take(tt_snapshot *s, tt *const *ts, int n);
+void tt_snapshot_expect_untouched(const tt_snapshot *s, const char *what);
+void tt_snapshot_release(tt_snapshot *s);
+
 /* A refusal sweep ("nothing is written on failure"): `call` makes one first
  * call on `ctx`, a fresh counting context over `a`, with
  * test_alloc_refuse(a, device, granted) just before the call, and checks
