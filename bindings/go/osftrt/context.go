@@ -79,35 +79,14 @@ type Context struct {
 	statuses []uint32 // a QR list's per-matrix statuses (reused)
 }
 
-// qrDescriptors returns n zeroed descriptors of the context's reused
-// list; the caller holds ctx.mu.
-func (ctx *Context) qrDescriptors(n int) []cDesc {
-	if cap(ctx.descs) < n {
-		ctx.descs = make([]cDesc, n)
+// reuse returns the first n elements of *buf, reallocated when it is too
+// short (never shrunk): the context's per-call scratch, used while the
+// caller holds ctx.mu. Contents are whatever the last call left.
+func reuse[T any](buf *[]T, n int) []T {
+	if cap(*buf) < n {
+		*buf = make([]T, n)
 	}
-	d := ctx.descs[:n]
-	for k := range d {
-		d[k] = cDesc{}
-	}
-	return d
-}
-
-// qrStatuses returns n statuses of the context's reused list; the caller
-// holds ctx.mu.
-func (ctx *Context) qrStatuses(n int) []uint32 {
-	if cap(ctx.statuses) < n {
-		ctx.statuses = make([]uint32, n)
-	}
-	return ctx.statuses[:n]
-}
-
-// stagingBuffer returns the context's staging buffer with at least n bytes
-// (grown, never shrunk); the caller holds ctx.mu.
-func (ctx *Context) stagingBuffer(n int64) []byte {
-	if int64(cap(ctx.stage)) < n {
-		ctx.stage = make([]byte, n)
-	}
-	return ctx.stage[:n]
+	return (*buf)[:n]
 }
 
 var versionOnce struct {

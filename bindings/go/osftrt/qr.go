@@ -81,7 +81,10 @@ func qrList(ctx *Context, op string, opts *QROptions, a, q, r []Arg, power int) 
 		return nil, err
 	}
 	defer ctx.mu.Unlock()
-	descs := ctx.qrDescriptors(3*n + 1)
+	descs := reuse(&ctx.descs, 3*n+1)
+	for k := range descs {
+		descs[k] = cDesc{}
+	}
 	var stg []staged
 	var outs []int // indices into stg
 	total := int64(0)
@@ -142,12 +145,12 @@ func qrList(ctx *Context, op string, opts *QROptions, a, q, r []Arg, power int) 
 	}
 	var stage []byte
 	if len(stg) > 0 {
-		stage = ctx.stagingBuffer(total)
+		stage = reuse(&ctx.stage, int(total))
 		for k := range stg {
 			stg[k].in(stage)
 		}
 	}
-	status := ctx.qrStatuses(n + 1)
+	status := reuse(&ctx.statuses, n+1)
 	b := ctx.buf
 	b.reset()
 	setQROptions(b, opts)
