@@ -121,13 +121,12 @@ osft_device_type_t dev_context_type(void);
 /* Raw device bytes (not in DEV_HOST), zeroed; and a host -> dev copy. */
 void *dev_malloc_bytes(size_t bytes);
 void dev_free_bytes(void *p, size_t bytes);
+void dev_upload_bytes(void *dev, const void *host, size_t bytes);
 /* DEV_STAGED: device memory is readable only between dev_guard_open() and
  * dev_guard_close() (nested; CHECK and the copies do this), so host code
  * that touches it faults as it would on a GPU. No-ops in the other modes. */
 void dev_guard_open(void);
 void dev_guard_close(void);
-
-void dev_upload_bytes(void *dev, const void *host, size_t bytes);
 
 /* A rows x cols float matrix (row stride ld) with a host side for the
  * trainer's C code and a device side for libosftrt. In DEV_HOST they are

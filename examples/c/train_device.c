@@ -96,29 +96,33 @@ static void arena_reserve(void) {
   sigaction(SIGSEGV, &sa, NULL);
 }
 
+static size_t arena_round(size_t bytes) {
+  return (bytes + arena.page - 1) / arena.page * arena.page;
+}
+
+/* A freed block of the same size, else new pages at the top. */
 static void *arena_alloc(size_t bytes) {
-  const size_t size = (bytes + arena.page - 1) / arena.page * arena.page;
+  const size_t size = arena_round(bytes);
   size_t off = arena.top;
-  int reused = 0;
-  for (int i = 0; i < arena.nfree && !reused; ++i)
-    if (arena.free_list[i].bytes == size) {
-      off = arena.free_list[i].off;
-      arena.free_list[i] = arena.free_list[--arena.nfree];
-      reused = 1;
-    }
-  if (!reused && arena.top + size > arena.reserved) {
+  int i = 0;
+  while (i < arena.nfree && arena.free_list[i].bytes != size) ++i;
+  if (i < arena.nfree) {
+    off = arena.free_list[i].off;
+    arena.free_list[i] = arena.free_list[--arena.nfree];
+  } else if (arena.top + size <= arena.reserved) {
+    arena.top += size;
+  } else {
     return NULL;
   }
-  if (!reused) arena.top += size;
   arena_protect(off, size, arena.open_depth > 0);
   return arena.base + off;
 }
 
 static void arena_free(void *p, size_t bytes) {
-  const size_t size = (bytes + arena.page - 1) / arena.page * arena.page;
+  const size_t size = arena_round(bytes);
   const size_t off = (size_t)((char *)p - arena.base);
   madvise(p, size, MADV_DONTNEED); /* zero-filled when next handed out */
-  arena_protect(off, size, 0);     /* a use after free faults */
+  arena_protect(off, size, 0);     /* touched outside a library call: faults */
   if (arena.nfree < (int)(sizeof arena.free_list / sizeof arena.free_list[0]))
     arena.free_list[arena.nfree++] = (arena_block_t){off, size};
 }
