@@ -126,3 +126,14 @@ osft_flinear_t decompose(osft_context_t ctx, tt *w, double ratio,
   assert_ok(osft_flinear_create_from_weight(ctx, &w->t, &o, &layer));
   return layer;
 }
+
+osft_flinear_grads_t grads_of(tt *dx, tt *du, tt *ds, tt *dv, tt *db) {
+  osft_flinear_grads_t gr;
+  assert_ok(OSFT_FLINEAR_GRADS_INIT(&gr));
+  gr.grad_x = dx ? &dx->t : NULL;
+  gr.grad_u_low = du ? &du->t : NULL;
+  gr.grad_s_low = ds ? &ds->t : NULL;
+  gr.grad_v_low = dv ? &dv->t : NULL;
+  gr.grad_bias = db ? &db->t : NULL;
+  return gr;
+}

@@ -45,6 +45,9 @@ tt *mat(tt_dtype d, int64_t rows, int64_t cols);
 
 tt *vec(tt_dtype d, int64_t n);
 
+/* Backward outputs over these tensors (NULL: not computed), overwritten. */
+osft_flinear_grads_t grads_of(tt *dx, tt *du, tt *ds, tt *dv, tt *db);
+
 osft_flinear_t decompose(osft_context_t ctx, tt *w, double ratio,
                          osft_flinear_strategy_t strategy);
 

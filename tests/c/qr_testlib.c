@@ -264,3 +264,23 @@ void pairs_free(pairs *P) {
     tt_free(P->q[i]);
   }
 }
+
+double pair_tol(int i) {
+  return 200.0 * (double)kPairs[i].m * eps_of(kPairs[i].dtype);
+}
+
+void expect_power_steps(const pairs *P, int i, double *start, int iters,
+                        const char *what) {
+  const pair_spec *s = &kPairs[i];
+  double *a = tt_get(P->a[i]), *got = tt_get(P->q[i]);
+  for (int it = 0; it < iters; ++it) {
+    double *p = matmul(a, start, s->m, s->m, s->n);
+    ref_qr(p, s->m, s->n, start, NULL);
+    free(p);
+  }
+  const double err = rel_max_err(got, start, (size_t)(s->m * s->n), 1.0);
+  if (!(err <= pair_tol(i)))
+    fail_msg("pair %d: %s vs float64 %.3g > %.3g", i, what, err, pair_tol(i));
+  free(a);
+  free(got);
+}

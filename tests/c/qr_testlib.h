@@ -133,4 +133,12 @@ void pairs_make(pairs *P);
 
 void pairs_free(pairs *P);
 
+/* Pair i's tolerance against float64: 200 m eps of its dtype. */
+double pair_tol(int i);
+
+/* Checks pair i's Q against `iters` float64 power-iteration steps from
+ * `start` (its Q before the call; overwritten): Q <- qr(A Q). */
+void expect_power_steps(const pairs *P, int i, double *start, int iters,
+                        const char *what);
+
 #endif

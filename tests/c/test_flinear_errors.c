@@ -234,12 +234,7 @@ static void backward_errors(osft_flinear_t layer, tt *x, const tt *g) {
     tt_random(outs[i], -1, 1);
     before[i] = tt_bytes(outs[i], &sizes[i]);
   }
-  osft_flinear_grads_t gr;
-  assert_ok(OSFT_FLINEAR_GRADS_INIT(&gr));
-  gr.grad_x = &dx->t;
-  gr.grad_u_low = &du->t;
-  gr.grad_v_low = &dv->t;
-  gr.grad_s_low = &ds->t;
+  osft_flinear_grads_t gr = grads_of(dx, du, ds, dv, NULL);
   gr.struct_size = 4;
   assert_status(osft_flinear_backward(layer, &x->t, &g->t, &gr),
                 OSFT_STATUS_INVALID_STRUCT_SIZE);

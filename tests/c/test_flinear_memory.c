@@ -44,13 +44,7 @@ static void refused_call(void *user, osft_context_t ctx, test_alloc_state *a, in
   for (int i = 0; i < 6; ++i) tt_poison(outs[i]);
   tt_snapshot before;
   tt_snapshot_take(&before, outs, 6);
-  osft_flinear_grads_t gr;
-  assert_ok(OSFT_FLINEAR_GRADS_INIT(&gr));
-  gr.grad_x = &dx->t;
-  gr.grad_u_low = &du->t;
-  gr.grad_s_low = &ds->t;
-  gr.grad_v_low = &dv->t;
-  gr.grad_bias = &db->t;
+  osft_flinear_grads_t gr = grads_of(dx, du, ds, dv, db);
 
   test_alloc_refuse(a, device, granted);
   const osft_status_t st = c->backward

@@ -141,13 +141,7 @@ static void run_case(osft_context_t ctx, const fwd_case *c) {
   tt *db = vec(c->dtype, R.n);
   tt *outs[5] = {dx, du, ds, dv, db};
   for (int i = 0; i < 5; ++i) tt_poison(outs[i]);
-  osft_flinear_grads_t gr;
-  assert_ok(OSFT_FLINEAR_GRADS_INIT(&gr));
-  gr.grad_x = &dx->t;
-  gr.grad_u_low = &du->t;
-  gr.grad_s_low = &ds->t;
-  gr.grad_v_low = &dv->t;
-  gr.grad_bias = &db->t;
+  osft_flinear_grads_t gr = grads_of(dx, du, ds, dv, db);
   assert_ok(osft_flinear_backward(layer, &x->t, &g->t, &gr));
   double *gd = tt_get(g);
   ref_grads ref = ref_backward(&R, xd, gd, c->m);
@@ -259,13 +253,7 @@ static void test_finite_differences(void **state) {
   assert_ok(osft_flinear_get_dims(layer, NULL, NULL, NULL, &l));
   tt *dx = mat(TT_F32, m, 5), *du = mat(TT_F32, 6, l), *ds = vec(TT_F32, l);
   tt *dv = mat(TT_F32, l, 5), *db = vec(TT_F32, 6);
-  osft_flinear_grads_t gr;
-  assert_ok(OSFT_FLINEAR_GRADS_INIT(&gr));
-  gr.grad_x = &dx->t;
-  gr.grad_u_low = &du->t;
-  gr.grad_s_low = &ds->t;
-  gr.grad_v_low = &dv->t;
-  gr.grad_bias = &db->t;
+  osft_flinear_grads_t gr = grads_of(dx, du, ds, dv, db);
   assert_ok(osft_flinear_backward(layer, &x->t, &g->t, &gr));
   /* The loss is linear in each single parameter, so central differences
    * are exact up to fp32 rounding. */

@@ -28,11 +28,7 @@ static void test_fp32_grads_for_bf16_factors(void **state) {
   tt_random(g, -1, 1);
   tt *outs[3] = {du, ds, dv};
   for (int i = 0; i < 3; ++i) tt_poison(outs[i]);
-  osft_flinear_grads_t gr;
-  assert_ok(OSFT_FLINEAR_GRADS_INIT(&gr));
-  gr.grad_u_low = &du->t;
-  gr.grad_s_low = &ds->t;
-  gr.grad_v_low = &dv->t;
+  osft_flinear_grads_t gr = grads_of(NULL, du, ds, dv, NULL);
   for (int st = OSFT_FLINEAR_FACTORIZED; st <= OSFT_FLINEAR_DENSE; ++st) {
     assert_ok(osft_flinear_set_strategy(layer, (osft_flinear_strategy_t)st));
     assert_ok(osft_flinear_backward(layer, &x->t, &g->t, &gr));

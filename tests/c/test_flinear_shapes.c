@@ -138,12 +138,7 @@ static void check_caller_layer(osft_flinear_t layer, const ref_layer *R) {
     assert_ok(osft_flinear_forward(layer, &x->t, NULL, &y->t));
     double *xd = tt_get(x), *gd = tt_get(g), *yr = ref_forward(R, xd, NULL, 5);
     expect_close("caller factors forward", y, yr, 2e-4);
-    osft_flinear_grads_t gr;
-    assert_ok(OSFT_FLINEAR_GRADS_INIT(&gr));
-    gr.grad_x = &dx->t;
-    gr.grad_u_low = &du->t;
-    gr.grad_s_low = &ds->t;
-    gr.grad_v_low = &dv->t;
+    osft_flinear_grads_t gr = grads_of(dx, du, ds, dv, NULL);
     tt_poison(dx);
     tt_poison(du);
     tt_poison(ds);

@@ -77,17 +77,7 @@ static void refused_power(void *user, osft_context_t ctx, test_alloc_state *a, i
       assert_int_equal(st[i], UNSET);
     } else {
       assert_int_equal(st[i], OSFT_STATUS_SUCCESS);
-      /* one float64 step from the same start: Q = qr(A Q0) */
-      const pair_spec *s = &kPairs[i];
-      double *av = tt_get(P.a[i]), *q = start_values[i], *got = tt_get(P.q[i]);
-      double *p = matmul(av, q, s->m, s->m, s->n);
-      ref_qr(p, s->m, s->n, q, NULL);
-      const double tol = 200.0 * (double)s->m * eps_of(s->dtype);
-      const double err = rel_max_err(got, q, (size_t)(s->m * s->n), 1.0);
-      if (!(err <= tol)) fail_msg("pair %d after refusals: %.3g > %.3g", i, err, tol);
-      free(av);
-      free(got);
-      free(p);
+      expect_power_steps(&P, i, start_values[i], 1, "after refusals");
     }
     free(before[i].bytes);
     free(start_values[i]);
