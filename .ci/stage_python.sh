@@ -2,10 +2,13 @@
 # CI stage: the Python binding (bindings/swig/osftrt.i + bindings/python).
 #
 #   1. builds and installs libosftrt into build-release/prefix (lib_prefix.sh);
-#   2. pip-installs ./bindings/python for Debian's /usr/bin/python3 (the
-#      interpreter that Debian's python3-torch serves; not a pyenv/venv
-#      python3 that may come first on PATH), building the SWIG extension
-#      with CMake through scikit-build-core;
+#   2. pip-installs the package (pyproject.toml at the root) for Debian's
+#      /usr/bin/python3 (the interpreter that Debian's python3-torch serves;
+#      not a pyenv/venv python3 that may come first on PATH) against that
+#      installed library (OSFTRT_PYTHON_SYSTEM_LIBRARY=ON, the distributions'
+#      route), building the SWIG extension with CMake through
+#      scikit-build-core; .ci/stage_python_torch2.sh tests the self-contained
+#      wheel on a current PyTorch;
 #   3. runs pytest on bindings/python/tests and the example trainer.
 #
 # Needs what .ci/setup.sh installs (swig, python3-dev, python3-torch,
@@ -28,7 +31,7 @@ user_flag=()
 [[ $(id -u) -eq 0 ]] || user_flag=(--user)
 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
   "$py" -m pip install --break-system-packages --no-build-isolation --force-reinstall --no-deps -q \
-  "${user_flag[@]}" ./bindings/python
+  "${user_flag[@]}" --config-settings=cmake.define.OSFTRT_PYTHON_SYSTEM_LIBRARY=ON .
 
 # Run from outside the source tree so the installed package is imported.
 cd "$root/bindings/python/tests"

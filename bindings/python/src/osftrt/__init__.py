@@ -166,6 +166,15 @@ class Context:
         dev = "cpu" if self.device_type == capi.OSFT_DEVICE_CPU else "cuda:%d" % self.device_id
         return "<osftrt.Context %s%s>" % (dev, " closed" if self.closed else "")
 
+    # A context is a shared resource: a deep copy of a module that holds one
+    # shares it; a pickle carries its device and unpickles as that device's
+    # default context.
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        return (default_context, ((self.device_type, self.device_id),))
+
     # streams and memory
     @property
     def is_cuda(self):

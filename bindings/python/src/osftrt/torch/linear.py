@@ -1,0 +1,206 @@
+"""The OSFT layer as a PyTorch module: :class:`OSFTLinear` (W = U S V^T,
+frozen high part, trainable low part) and :func:`convert_linear_layers`."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .. import capi
+from ._common import (
+    TransientHandles,
+    as_rows,
+    autocast_dtype,
+    context_for,
+    library_dtype,
+    no_autocast,
+    storage_key,
+)
+
+__all__ = ["OSFTLinear", "convert_linear_layers", "LLAMA_LINEAR_NAMES"]
+
+LLAMA_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_STRATEGIES = {"auto": 0, "factorized": 1, "dense": 2}
+
+
+class _FLinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, u_low, s_low, v_low, bias, module):
+        layer = module._layer_handle()
+        x = as_rows(x)
+        y = x.new_empty(x.shape[:-1] + (module.out_features,))
+        capi.osft_flinear_forward(layer, x.detach(), None if bias is None else bias.detach(), y)
+        ctx.module = module
+        ctx.save_for_backward(x, bias)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, bias = ctx.saved_tensors
+        module = ctx.module
+        need = ctx.needs_input_grad
+        g = capi.osft_flinear_grads_t()
+        out = [None] * 6
+        if need[0]:
+            out[0] = g.grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
+        if need[1]:
+            out[1] = g.grad_u_low = torch.empty(module.u_low.shape, dtype=module.u_low.dtype, device=x.device)
+        if need[2]:
+            out[2] = g.grad_s_low = torch.empty_like(module.s_low)
+        if need[3]:
+            out[3] = g.grad_v_low = torch.empty_like(module.v_low, memory_format=torch.contiguous_format)
+        if need[4] and bias is not None:
+            out[4] = g.grad_bias = torch.empty_like(bias)
+        if any(o is not None for o in out):
+            capi.osft_flinear_backward(module._layer_handle(), x.detach(), as_rows(grad_y).detach(), g)
+        return tuple(out)
+
+
+class OSFTLinear(TransientHandles, nn.Module):
+    """A linear layer y = x W^T + b with W = U diag(S) V^T split at rank r:
+    U_high, S_high, V_high frozen (buffers), U_low, S_low, V_low trainable
+    (``nn.Parameter``). The library computes forward and backward on these
+    tensors' own storage (caller-owned factors, osft_flinear_create_from_
+    factors); an optimizer updates them in place as usual.
+
+    Build with :meth:`from_linear`. ``merge()`` gives back an ``nn.Linear``.
+    U and V^T each live in one buffer (high part first), so the high and low
+    GEMMs fuse; ``u_high``/``u_low`` are column views of it.
+
+    Behaves like the ``nn.Linear`` it replaces: any leading dims, non-
+    contiguous inputs, fp32 or bf16, ``torch.autocast`` (the input is cast to
+    the autocast dtype and so is the output; bf16 is computed in bf16 with
+    fp32 accumulation, fp16 in fp32), ``state_dict``, ``copy.deepcopy`` and
+    ``pickle`` (the copy creates its own library handle on first use).
+    """
+
+    _transient = ("_layer", "_layer_key")
+
+    def __init__(self, u, s, vt, rank, bias=None, *, strategy="auto", context=None):
+        super().__init__()
+        n, k = u.shape
+        k2, kin = vt.shape
+        if k != k2 or s.shape != (k,):
+            raise ValueError("u, s, vt must be N x k, k and k x K")
+        if not 1 <= rank <= k - 1:
+            raise ValueError("rank must be in [1, k - 1] (k = %d), got %d" % (k, rank))
+        if strategy not in _STRATEGIES:
+            raise ValueError("strategy must be one of %s" % ", ".join(_STRATEGIES))
+        self.in_features = kin
+        self.out_features = n
+        self.rank = rank
+        self._context = context
+        self._strategy = strategy
+        u = u.detach().contiguous()
+        vt = vt.detach().contiguous()
+        s = s.detach().contiguous()
+        # one storage per factor; the parameters and buffers are views of it
+        self.register_buffer("_u_full", u, persistent=False)
+        self.register_buffer("_s_full", s, persistent=False)
+        self.register_buffer("_vt_full", vt, persistent=False)
+        self.register_buffer("u_high", u[:, :rank])
+        self.register_buffer("s_high", s[:rank])
+        self.register_buffer("v_high", vt[:rank])
+        self.u_low = nn.Parameter(u[:, rank:])
+        self.s_low = nn.Parameter(s[rank:])
+        self.v_low = nn.Parameter(vt[rank:])
+        self.bias = nn.Parameter(bias.detach().clone()) if bias is not None else None
+        self._layer = None
+        self._layer_key = None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, rank_ratio=0.5, *, dtype=None, strategy="auto", context=None):
+        """Decomposes linear.weight (SVD in float64) and keeps the top
+        round(rank_ratio * min(N, K)) singular directions frozen."""
+        w = linear.weight.detach()
+        dtype = dtype or (w.dtype if w.dtype in (torch.float32, torch.bfloat16) else torch.float32)
+        u, s, vt = torch.linalg.svd(w.to(torch.float64), full_matrices=False)
+        k = s.shape[0]
+        r = min(max(int(round(rank_ratio * k)), 1), k - 1)
+        b = linear.bias.detach().to(dtype) if linear.bias is not None else None
+        return cls(u.to(dtype), s.to(dtype), vt.to(dtype), r, b, strategy=strategy, context=context).to(w.device)
+
+    # --- the library layer over the current storage --------------------------
+    def _factors(self):
+        return (self.u_high, self.s_high, self.v_high, self.u_low, self.s_low, self.v_low)
+
+    def _layer_handle(self):
+        key = storage_key(self._factors())
+        if self._layer is None or self._layer.closed or key != self._layer_key:
+            self.close()
+            ctx = context_for(self.u_low, self._context)
+            f = capi.osft_flinear_factors_t()
+            f.u_high, f.s_high, f.v_high, f.u_low, f.s_low, f.v_low = (t.detach() for t in self._factors())
+            o = capi.osft_flinear_options_t()
+            o.strategy = _STRATEGIES[self._strategy]
+            self._layer = capi.osft_flinear_create_from_factors(ctx.handle, f, o)
+            self._layer_key = key
+        return self._layer
+
+    def refresh(self):
+        """Call after changing the frozen factors in place."""
+        if self._layer is not None and not self._layer.closed:
+            capi.osft_flinear_refresh(self._layer)
+
+    def forward(self, x):
+        dt = autocast_dtype(x)
+        if dt is None:
+            return _FLinearFn.apply(x, self.u_low, self.s_low, self.v_low, self.bias, self)
+        with no_autocast(x.device.type):
+            y = _FLinearFn.apply(x.to(library_dtype(dt)), self.u_low, self.s_low, self.v_low, self.bias, self)
+        return y.to(dt)
+
+    @torch.no_grad()
+    def merged_weight(self, dtype=torch.float32):
+        w = torch.empty(self.out_features, self.in_features, dtype=dtype, device=self.u_low.device)
+        capi.osft_flinear_merge(self._layer_handle(), w)
+        return w
+
+    @torch.no_grad()
+    def merge(self, dtype=torch.float32) -> nn.Linear:
+        """An nn.Linear with W = U_high S_high V_high + U_low S_low V_low."""
+        lin = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device=self.u_low.device, dtype=dtype)
+        lin.weight.copy_(self.merged_weight(dtype))
+        if self.bias is not None:
+            lin.bias.copy_(self.bias)
+        return lin
+
+    def close(self):
+        if self._layer is not None:
+            self._layer.close()
+            self._layer = None
+
+    def extra_repr(self):
+        return "in_features=%d, out_features=%d, frozen_rank=%d, trainable_rank=%d, bias=%s" % (
+            self.in_features,
+            self.out_features,
+            self.rank,
+            self.s_low.shape[0],
+            self.bias is not None,
+        )
+
+
+def _parent_of(model, qualified_name):
+    parent = model
+    *path, leaf = qualified_name.split(".")
+    for p in path:
+        parent = getattr(parent, p)
+    return parent, leaf
+
+
+def convert_linear_layers(model: nn.Module, names=LLAMA_LINEAR_NAMES, rank_ratio=0.5, *, dtype=None, context=None):
+    """Replaces, in place, every nn.Linear of `model` whose attribute name is
+    in `names` (or for which names(qualified_name, module) is true) by an
+    OSFTLinear. Returns {qualified name: OSFTLinear}."""
+    match = names if callable(names) else (lambda qn, m, _n=frozenset(names): qn.rsplit(".", 1)[-1] in _n)
+    todo = [
+        (qn, m)
+        for qn, m in model.named_modules()
+        if isinstance(m, nn.Linear) and not isinstance(m, OSFTLinear) and match(qn, m)
+    ]
+    done = {}
+    for qn, m in todo:
+        parent, leaf = _parent_of(model, qn)
+        new = OSFTLinear.from_linear(m, rank_ratio, dtype=dtype, context=context)
+        setattr(parent, leaf, new)
+        done[qn] = new
+    return done
