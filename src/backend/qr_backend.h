@@ -25,9 +25,9 @@ enum QrFlag : uint32_t {
   kQrNonfiniteInput = 1u << 0, /* A (or the starting Q) has NaN or Inf */
   kQrRankDeficient = 1u << 1,  /* min |R_jj| <= tol * max |R_jj| */
   kQrNonfiniteResult = 1u << 2,
-  /* Internal to a backend: CholeskyQR2 must be redone with Householder. */
+  /* Internal to a backend: the Cholesky path must be redone with Householder. */
   kQrNeedsFallback = 1u << 3,
-  /* Not a failure: CholeskyQR2 was redone with Householder. */
+  /* Not a failure: the Cholesky path was redone with Householder. */
   kQrFellBack = 1u << 4,
   kQrFailureMask = kQrNonfiniteInput | kQrRankDeficient | kQrNonfiniteResult,
 };
@@ -51,7 +51,7 @@ struct QrCall {
   size_t count = 0;
   int lanes = 0; /* lanes in use (jobs have lane < lanes) */
   QrMethod method = QrMethod::householder;
-  double ortho_threshold = 0.5; /* CholeskyQR2's bound on ||Q1^T Q1 - I||_F */
+  double ortho_threshold = 0.5; /* the Cholesky path's bound on ||Q2^T Q2 - I||_F */
   int iterations = 0;           /* 0: QR of a; >= 1: power iteration */
   /* Scratch: `shared_bytes` for the call at offset 0, then lane l at
    * lane_offset[l]; all 256-byte aligned. */
@@ -129,20 +129,73 @@ constexpr size_t qr_align(size_t bytes) noexcept {
   return (bytes + 255) / 256 * 256;
 }
 
-/* One lane job's buffers (elements of T), the same on both backends. */
+/* One lane job's buffers (elements of T), the same on both backends. The
+ * Cholesky path computes in fp64 whatever T is: for fp64 jobs w64 and r64
+ * are w and r themselves, for fp32 jobs buffers of their own. */
 template <class T>
 struct QrBuffers {
   T *w = nullptr;        /* m x n column-major: the matrix being factored */
   T *p = nullptr;        /* m x n: power iteration's current Q */
   T *tau = nullptr;      /* n: Householder scalars */
-  T *sign = nullptr;     /* n: signs of diag(R) */
-  T *r = nullptr;        /* n x n column-major: R (CholeskyQR2: R1, then R) */
-  T *g = nullptr;        /* n x n: CholeskyQR2's Gram matrix */
+  T *sign = nullptr;     /* n: signs of diag(R); Cholesky: diag(R) in T */
+  T *r = nullptr;        /* n x n column-major: R */
   T *work = nullptr;     /* lwork: the solver's workspace */
-  int *info = nullptr;   /* 2: the Cholesky factorizations' info */
-  double *acc = nullptr; /* CholeskyQR2's ||Q1^T Q1 - I||_F^2 */
+  int *info = nullptr;   /* kCholeskyPasses: the Cholesky factorizations' info */
+  double *acc = nullptr; /* ||Q2^T Q2 - I||_F^2 (Cholesky) */
+  double *w64 = nullptr; /* m x n: w in fp64 (Cholesky) */
+  double *g = nullptr;   /* n x n: a Gram matrix, then its Cholesky factor */
+  double *r64 = nullptr; /* n x n: R = R3 R2 R1 (Cholesky, when R is wanted) */
+  double *d64 = nullptr; /* n: diag(R), the product of the passes' diagonals */
   int64_t lwork = 0;
 };
+
+/* Shifted CholeskyQR3 (Fukaya, Kannan, Nakatsukasa, Yamamoto, Yanagisawa,
+ * SIAM J. Sci. Comput. 2020), every pass in fp64 whatever the dtype:
+ *   pass 1: G = A^T A + s I, R1 = chol(G), Q1 = A R1^-1   (shifted)
+ *   pass 2: R2 = chol(Q1^T Q1), Q2 = Q1 R2^-1
+ *   pass 3: R3 = chol(Q2^T Q2), Q  = Q2 R3^-1,  R = R3 R2 R1
+ * with s = 11 (m n + n (n + 1)) u ||A||_F^2, u = 2^-53. The shift makes the
+ * first Cholesky factorization succeed for any full-rank A and bounds
+ * kappa(Q1) by about sqrt(11 (m n + n^2) u) kappa(A) (~1e-4 kappa(A) at
+ * n = 4096), which passes 2 and 3, plain CholeskyQR2 in fp64, make
+ * orthogonal to fp64 rounding for kappa(Q1) up to ~1e7: kappa(A) up to
+ * ~1e11 in all, far beyond what an fp32 input can carry (fp32 CholeskyQR2
+ * breaks down from ~1e3, and SOAP's P Q products have 1e4 to 1e7). In fp64
+ * the GEMM-like kernels (syrk, trsm) run at about fp32's speed on Hopper
+ * and on CPUs at half of it. The check: every Cholesky factorization
+ * succeeds and ||Q2^T Q2 - I||_F (read from pass 3's Gram matrix) stays
+ * within the threshold, else the matrix is redone with Householder. */
+constexpr int kCholeskyPasses = 3;
+
+/* s / ||A||_F^2 of the first pass. */
+inline double cholesky_shift_factor(int64_t m, int64_t n) noexcept {
+  const double md = static_cast<double>(m), nd = static_cast<double>(n);
+  return 11.0 * (md * nd + nd * (nd + 1.0)) * 0x1p-53;
+}
+
+/* The sequence, written once; each backend supplies `ops` (on the CPU each
+ * step returns false as soon as the matrix must fall back; on CUDA every
+ * step returns true and the verdict is taken on the device):
+ *   widen()               w64 = w (fp32 jobs; nothing for fp64)
+ *   gram()                g = w64^T w64 (upper triangle)
+ *   shift(factor)         g += factor * trace(g) * I
+ *   deviation_ok()        ||g - I||_F <= threshold (g from gram())
+ *   cholesky(pass)        g = chol(g) (info[pass]), w64 = w64 g^-1
+ *   accumulate_r(pass)    d64 (and r64 when R is wanted) take g's factor
+ *   narrow()              w = w64, the diagonal (and R) into T; checks
+ * Returns false when the matrix must fall back to Householder. */
+template <class Ops>
+bool shifted_cholesky_qr3(Ops &ops, int64_t m, int64_t n) {
+  ops.widen();
+  for (int pass = 0; pass < kCholeskyPasses; ++pass) {
+    ops.gram();
+    if (pass == 0) ops.shift(cholesky_shift_factor(m, n));
+    if (pass == kCholeskyPasses - 1 && !ops.deviation_ok()) return false;
+    if (!ops.cholesky(pass)) return false;
+    ops.accumulate_r(pass);
+  }
+  return ops.narrow();
+}
 
 /* Lays out the buffers of `job` from `base` (nullptr: only counts) given
  * the backend's solver workspace `lwork`; returns the bytes used. */
@@ -151,11 +204,15 @@ size_t qr_carve(const QrJob &job, const QrCall &call, int64_t lwork, char *base,
                 QrBuffers<T> *out) {
   const size_t m = static_cast<size_t>(job.m()), n = static_cast<size_t>(job.n());
   const bool chol = call.method == QrMethod::cholesky_qr2;
+  constexpr bool wide = std::is_same<T, double>::value;
   size_t offset = 0;
   auto take = [&](size_t bytes) -> void * {
     void *p = bytes == 0 || base == nullptr ? nullptr : base + offset;
     offset += qr_align(bytes);
     return p;
+  };
+  auto take64 = [&](size_t count) {
+    return static_cast<double *>(take(chol ? count * sizeof(double) : 0));
   };
   QrBuffers<T> b;
   b.w = static_cast<T *>(take(m * n * sizeof(T)));
@@ -163,10 +220,18 @@ size_t qr_carve(const QrJob &job, const QrCall &call, int64_t lwork, char *base,
   b.tau = static_cast<T *>(take(n * sizeof(T)));
   b.sign = static_cast<T *>(take(n * sizeof(T)));
   b.r = static_cast<T *>(take(n * n * sizeof(T)));
-  b.g = static_cast<T *>(take(chol ? n * n * sizeof(T) : 0));
   b.work = static_cast<T *>(take(static_cast<size_t>(lwork) * sizeof(T)));
-  b.info = static_cast<int *>(take(2 * sizeof(int)));
+  b.info = static_cast<int *>(take(kCholeskyPasses * sizeof(int)));
   b.acc = static_cast<double *>(take(sizeof(double)));
+  b.g = take64(n * n);
+  b.d64 = take64(n);
+  if constexpr (wide) {
+    b.w64 = chol ? b.w : nullptr;
+    b.r64 = chol ? b.r : nullptr;
+  } else {
+    b.w64 = take64(m * n);
+    b.r64 = take64(job.r.data != nullptr ? n * n : 0);
+  }
   b.lwork = lwork;
   if (out != nullptr) *out = b;
   return offset;

@@ -1,6 +1,8 @@
 /* The CPU backend of src/backend/qr_backend.h: each job runs LAPACK geqrfp +
- * orgqr (or CholeskyQR2 on syrk/potrf/trsm) on a column-major copy in its
- * lane's scratch, so a failed job leaves its outputs untouched. Lanes are
+ * orgqr on a column-major copy in its
+ * lane's scratch, so a failed job leaves its outputs untouched. The
+ * Cholesky path (shifted CholeskyQR3, src/backend/qr_backend.h) runs in
+ * fp64: dsyrk, dpotrf, dtrsm. Lanes are
  * threads; while more than one runs, OpenBLAS is held at one thread: on
  * two cores, two single-threaded QRs side by side took 0.6x the time of
  * the same QRs one after another with OpenBLAS's two threads (48 of
@@ -19,6 +21,7 @@
 #include <mutex>
 #include <system_error>
 #include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "core/error.h"
@@ -86,33 +89,20 @@ void orgqr(li m, li n, float *a, const float *tau, float *work, li lwork, li *in
 void orgqr(li m, li n, double *a, const double *tau, double *work, li lwork, li *info) {
   LAPACK_dorgqr(&m, &n, &n, a, &m, tau, work, &lwork, info);
 }
-void potrf_upper(li n, float *a, li *info) {
-  LAPACK_spotrf("U", &n, a, &n, info);
-}
+/* The Cholesky path's kernels, all in fp64 (column-major). */
 void potrf_upper(li n, double *a, li *info) {
   LAPACK_dpotrf("U", &n, a, &n, info);
 }
-/* g (n x n, upper) = w^T w, w column-major m x n. */
-void gram(int m, int n, const float *w, float *g) {
-  cblas_ssyrk(CblasColMajor, CblasUpper, CblasTrans, n, m, 1.0f, w, m, 0.0f, g, n);
-}
+/* g (n x n, upper) = w^T w, w m x n. */
 void gram(int m, int n, const double *w, double *g) {
   cblas_dsyrk(CblasColMajor, CblasUpper, CblasTrans, n, m, 1.0, w, m, 0.0, g, n);
 }
 /* w = w r^-1, r upper n x n. */
-void solve_right_upper(int m, int n, const float *r, float *w) {
-  cblas_strsm(CblasColMajor, CblasRight, CblasUpper, CblasNoTrans, CblasNonUnit, m, n,
-              1.0f, r, n, w, m);
-}
 void solve_right_upper(int m, int n, const double *r, double *w) {
   cblas_dtrsm(CblasColMajor, CblasRight, CblasUpper, CblasNoTrans, CblasNonUnit, m, n,
               1.0, r, n, w, m);
 }
 /* b = r b, r upper n x n. */
-void mul_left_upper(int n, const float *r, float *b) {
-  cblas_strmm(CblasColMajor, CblasLeft, CblasUpper, CblasNoTrans, CblasNonUnit, n, n,
-              1.0f, r, n, b, n);
-}
 void mul_left_upper(int n, const double *r, double *b) {
   cblas_dtrmm(CblasColMajor, CblasLeft, CblasUpper, CblasNoTrans, CblasNonUnit, n, n, 1.0,
               r, n, b, n);
@@ -231,19 +221,92 @@ void check_info(li info, const char *routine) {
           static_cast<int>(-info));
 }
 
+/* The steps of shifted_cholesky_qr3 (src/backend/qr_backend.h) on the CPU:
+ * each returns false as soon as the matrix must fall back. */
+template <class T>
+class CpuCholesky {
+ public:
+  CpuCholesky(const Buffers<T> &b, int64_t m, int64_t n, bool want_r, double threshold)
+      : b_(b), m_(m), n_(n), want_r_(want_r), threshold_(threshold) {}
+
+  void widen() {
+    if constexpr (!std::is_same<T, double>::value)
+      for (int64_t i = 0; i < m_ * n_; ++i) b_.w64[i] = static_cast<double>(b_.w[i]);
+  }
+  void gram() { osft::gram(static_cast<int>(m_), static_cast<int>(n_), b_.w64, b_.g); }
+  void shift(double factor) {
+    double trace = 0.0;
+    for (int64_t j = 0; j < n_; ++j) trace += b_.g[j + j * n_];
+    for (int64_t j = 0; j < n_; ++j) b_.g[j + j * n_] += factor * trace;
+  }
+  /* ||g - I||_F of the symmetric g whose upper triangle is stored. */
+  bool deviation_ok() const {
+    double sum = 0.0;
+    for (int64_t j = 0; j < n_; ++j)
+      for (int64_t i = 0; i <= j; ++i) {
+        const double v = b_.g[i + j * n_] - (i == j ? 1.0 : 0.0);
+        sum += (i == j ? 1.0 : 2.0) * v * v;
+      }
+    return std::sqrt(sum) <= threshold_;
+  }
+  bool cholesky(int) {
+    li info = 0;
+    potrf_upper(static_cast<li>(n_), b_.g, &info);
+    check_info(info, "dpotrf");
+    if (info > 0) return false;
+    solve_right_upper(static_cast<int>(m_), static_cast<int>(n_), b_.g, b_.w64);
+    return true;
+  }
+  void accumulate_r(int pass) {
+    for (int64_t j = 0; j < n_; ++j)
+      b_.d64[j] = pass == 0 ? b_.g[j + j * n_] : b_.d64[j] * b_.g[j + j * n_];
+    if (!want_r_) return;
+    if (pass > 0) return mul_left_upper(static_cast<int>(n_), b_.g, b_.r64);
+    for (int64_t j = 0; j < n_; ++j)
+      for (int64_t i = 0; i < n_; ++i)
+        b_.r64[i + j * n_] = i <= j ? b_.g[i + j * n_] : 0.0;
+  }
+  /* Q, diag(R) (into sign) and R in T; an fp64 value beyond fp32's range
+   * becomes Inf and is reported as an overflow. */
+  bool narrow() {
+    for (int64_t j = 0; j < n_; ++j) b_.sign[j] = static_cast<T>(b_.d64[j]);
+    if constexpr (!std::is_same<T, double>::value) {
+      for (int64_t i = 0; i < m_ * n_; ++i) b_.w[i] = static_cast<T>(b_.w64[i]);
+      if (want_r_)
+        for (int64_t i = 0; i < n_ * n_; ++i) b_.r[i] = static_cast<T>(b_.r64[i]);
+    }
+    return true;
+  }
+
+ private:
+  const Buffers<T> &b_;
+  int64_t m_, n_;
+  bool want_r_;
+  double threshold_;
+};
+
 template <class T>
 class Factorizer {
  public:
   Factorizer(const QrJob &job, const QrCall &call, const Buffers<T> &b)
       : job_(job), call_(call), b_(b), m_(job.m()), n_(job.n()) {}
 
-  /* QR of the matrix `fill` writes into w: Q into w, R into r, with
-   * diag(R) >= 0. Returns the job's flags. */
+  /* QR of the matrix `fill` writes into w: Q into w, R into r (the
+   * Cholesky path: only when the job wants R), with diag(R) >= 0. Returns
+   * the job's flags. */
   template <class Fill>
   uint32_t factor(Fill &&fill) {
     if (call_.method == QrMethod::cholesky_qr2) {
-      const uint32_t f = cholesky_qr2(fill);
-      if ((f & kQrNeedsFallback) == 0) return f;
+      if (!fill()) return kQrNonfiniteInput;
+      const bool want_r = job_.r.data != nullptr && call_.iterations == 0;
+      CpuCholesky<T> ops(b_, m_, n_, want_r, call_.ortho_threshold);
+      if (shifted_cholesky_qr3(ops, m_, n_)) {
+        const uint32_t f = diagonal_flags(b_.sign, 0, n_, job_.rank_tol);
+        if (f != 0) return f;
+        return all_finite(b_.w, m_ * n_) && (!want_r || all_finite(b_.r, n_ * n_))
+                   ? 0u
+                   : kQrNonfiniteResult;
+      }
       return householder(fill) | kQrFellBack;
     }
     return householder(fill);
@@ -265,47 +328,6 @@ class Factorizer {
     }
     orgqr(m, n, b_.w, b_.tau, b_.work, static_cast<li>(b_.lwork), &info);
     check_info(info, "orgqr");
-    return all_finite(b_.w, m_ * n_) && all_finite(b_.r, n_ * n_) ? 0u
-                                                                  : kQrNonfiniteResult;
-  }
-
-  /* ||g - I||_F of the symmetric g whose upper triangle is stored. */
-  double gram_deviation(const T *g) const {
-    double sum = 0.0;
-    for (int64_t j = 0; j < n_; ++j)
-      for (int64_t i = 0; i <= j; ++i) {
-        const double v = static_cast<double>(g[i + j * n_]) - (i == j ? 1.0 : 0.0);
-        sum += (i == j ? 1.0 : 2.0) * v * v;
-      }
-    return std::sqrt(sum);
-  }
-
-  /* One CholeskyQR pass: g = w^T w = R^T R, w = w R^-1. False if the
-   * Cholesky factorization fails. */
-  bool cholesky_pass() {
-    const int m = static_cast<int>(m_), n = static_cast<int>(n_);
-    gram(m, n, b_.w, b_.g);
-    li info = 0;
-    potrf_upper(static_cast<li>(n), b_.g, &info);
-    check_info(info, "potrf");
-    if (info > 0) return false;
-    solve_right_upper(m, n, b_.g, b_.w);
-    return true;
-  }
-
-  template <class Fill>
-  uint32_t cholesky_qr2(Fill &fill) {
-    if (!fill()) return kQrNonfiniteInput;
-    if (!cholesky_pass()) return kQrNeedsFallback;
-    for (int64_t j = 0; j < n_; ++j)
-      for (int64_t i = 0; i < n_; ++i)
-        b_.r[i + j * n_] = i <= j ? b_.g[i + j * n_] : T(0);
-    gram(static_cast<int>(m_), static_cast<int>(n_), b_.w, b_.g);
-    if (!(gram_deviation(b_.g) <= call_.ortho_threshold)) return kQrNeedsFallback;
-    if (!cholesky_pass()) return kQrNeedsFallback;
-    mul_left_upper(static_cast<int>(n_), b_.g, b_.r); /* R = R2 R1 */
-    const uint32_t f = diagonal_flags(b_.r, n_, n_, job_.rank_tol);
-    if (f != 0) return f;
     return all_finite(b_.w, m_ * n_) && all_finite(b_.r, n_ * n_) ? 0u
                                                                   : kQrNonfiniteResult;
   }

@@ -6,12 +6,15 @@
  * cuSOLVER handle, forked from and joined back to the context's stream
  * with events. Per matrix, on its lane: a tiled transposing copy into a
  * column-major scratch matrix (checking for NaN/Inf), cuSOLVER geqrf +
- * orgqr (or CholeskyQR2: cuBLAS syrk, cuSOLVER potrf, cuBLAS trsm, twice),
- * checks of diag(R) and of the result, and copies out that skip themselves
- * on the device when the job's flag says it failed, so a failed matrix's
- * outputs are never touched and nothing waits for the host. CholeskyQR2's
- * verdict is also taken on the device; the call then waits once, and
- * redoes the matrices that need it with Householder.
+ * orgqr (or the Cholesky path, shifted CholeskyQR3 in fp64: cuBLAS dsyrk,
+ * cuSOLVER dpotrf, cuBLAS dtrsm, three times), checks of diag(R) and of
+ * the result, and copies out that skip themselves on the device when the
+ * job's flag says it failed, so a failed matrix's outputs are never
+ * touched and nothing waits for the host: no job reads a status, queries
+ * a workspace size or allocates while it is enqueued. The Cholesky path's
+ * verdict is also taken on the device; the call then waits once (its only
+ * wait, when nothing falls back), and redoes the matrices that need it
+ * with Householder. bench/results/qr_lanes_analysis.md has the story.
  *
  * Lanes are costly to create (a cuSOLVER handle each), so they are pooled
  * per device for the life of the process and lent to one call at a time. */
@@ -22,6 +25,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/cuda_check.h"
@@ -217,9 +221,6 @@ cusolverStatus_t orgqr_size(cusolverDnHandle_t h, int m, int n, float *a, int *l
 cusolverStatus_t orgqr_size(cusolverDnHandle_t h, int m, int n, double *a, int *lwork) {
   return cusolverDnDorgqr_bufferSize(h, m, n, n, a, m, a, lwork);
 }
-cusolverStatus_t potrf_size(cusolverDnHandle_t h, int n, float *a, int *lwork) {
-  return cusolverDnSpotrf_bufferSize(h, CUBLAS_FILL_MODE_UPPER, n, a, n, lwork);
-}
 cusolverStatus_t potrf_size(cusolverDnHandle_t h, int n, double *a, int *lwork) {
   return cusolverDnDpotrf_bufferSize(h, CUBLAS_FILL_MODE_UPPER, n, a, n, lwork);
 }
@@ -239,32 +240,18 @@ cusolverStatus_t orgqr(cusolverDnHandle_t h, int m, int n, double *a, const doub
                        double *work, int lwork, int *info) {
   return cusolverDnDorgqr(h, m, n, n, a, m, tau, work, lwork, info);
 }
-cusolverStatus_t potrf(cusolverDnHandle_t h, int n, float *a, float *work, int lwork,
-                       int *info) {
-  return cusolverDnSpotrf(h, CUBLAS_FILL_MODE_UPPER, n, a, n, work, lwork, info);
-}
 cusolverStatus_t potrf(cusolverDnHandle_t h, int n, double *a, double *work, int lwork,
                        int *info) {
   return cusolverDnDpotrf(h, CUBLAS_FILL_MODE_UPPER, n, a, n, work, lwork, info);
 }
-/* g (upper) = w^T w, w column-major m x n */
-cublasStatus_t gram(cublasHandle_t h, int m, int n, const float *w, float *g) {
-  const float one = 1.0f, zero = 0.0f;
-  return cublasSsyrk(h, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_T, n, m, &one, w, m, &zero, g,
-                     n);
-}
+/* The Cholesky path's kernels, all fp64. g (upper) = w^T w, w column-major
+ * m x n */
 cublasStatus_t gram(cublasHandle_t h, int m, int n, const double *w, double *g) {
   const double one = 1.0, zero = 0.0;
   return cublasDsyrk(h, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_T, n, m, &one, w, m, &zero, g,
                      n);
 }
 /* w = w r^-1, r upper n x n */
-cublasStatus_t solve_right_upper(cublasHandle_t h, int m, int n, const float *r,
-                                 float *w) {
-  const float one = 1.0f;
-  return cublasStrsm(h, CUBLAS_SIDE_RIGHT, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N,
-                     CUBLAS_DIAG_NON_UNIT, m, n, &one, r, n, w, m);
-}
 cublasStatus_t solve_right_upper(cublasHandle_t h, int m, int n, const double *r,
                                  double *w) {
   const double one = 1.0;
@@ -272,11 +259,6 @@ cublasStatus_t solve_right_upper(cublasHandle_t h, int m, int n, const double *r
                      CUBLAS_DIAG_NON_UNIT, m, n, &one, r, n, w, m);
 }
 /* b = r b in place (cuBLAS's trmm is out of place; C == B is allowed) */
-cublasStatus_t mul_left_upper(cublasHandle_t h, int n, const float *r, float *b) {
-  const float one = 1.0f;
-  return cublasStrmm(h, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N,
-                     CUBLAS_DIAG_NON_UNIT, n, n, &one, r, n, b, n, b, n);
-}
 cublasStatus_t mul_left_upper(cublasHandle_t h, int n, const double *r, double *b) {
   const double one = 1.0;
   return cublasDtrmm(h, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N,
@@ -303,17 +285,53 @@ T *unused_device_pointer() noexcept {
   return reinterpret_cast<T *>(static_cast<uintptr_t>(4096));
 }
 
-/* cuSOLVER workspace (elements) for a job: geqrf, orgqr, and potrf for
- * CholeskyQR2 (whose fall-back needs the first two). */
+/* cuSOLVER workspace (elements of T) for a job: geqrf, orgqr, and the
+ * fp64 potrf of the Cholesky path (whose fall-back needs the first two). */
 template <class T>
-int solver_lwork(Context &ctx, int m, int n, bool cholesky) {
+int query_lwork(Context &ctx, int m, int n, bool cholesky) {
   const auto h = static_cast<cusolverDnHandle_t>(solver_handle(ctx));
   T *a = unused_device_pointer<T>();
   int l1 = 0, l2 = 0, l3 = 0;
   check_solver(geqrf_size(h, m, n, a, &l1), "geqrf_bufferSize");
   check_solver(orgqr_size(h, m, n, a, &l2), "orgqr_bufferSize");
-  if (cholesky) check_solver(potrf_size(h, n, a, &l3), "potrf_bufferSize");
-  return std::max({l1, l2, l3, 1});
+  if (cholesky)
+    check_solver(potrf_size(h, n, unused_device_pointer<double>(), &l3),
+                 "potrf_bufferSize");
+  const int64_t l3_t = static_cast<int64_t>(l3) * static_cast<int64_t>(sizeof(double)) /
+                       static_cast<int64_t>(sizeof(T));
+  return static_cast<int>(std::max<int64_t>({l1, l2, l3_t, 1}));
+}
+
+/* The workspace queries of the shapes seen so far (a call has few), so
+ * that enqueuing a job does no host work beyond its launches. */
+struct LworkCache {
+  struct Entry {
+    int device;
+    osfti_dtype_t dtype;
+    int m, n;
+    bool cholesky;
+    int lwork;
+  };
+  std::mutex mutex;
+  std::vector<Entry> entries;
+};
+
+template <class T>
+int solver_lwork(Context &ctx, int m, int n, bool cholesky) {
+  static LworkCache *cache = new LworkCache(); /* never destroyed */
+  const osfti_dtype_t dt = std::is_same<T, double>::value ? OSFTI_F64 : OSFTI_F32;
+  {
+    std::lock_guard<std::mutex> lock(cache->mutex);
+    for (const LworkCache::Entry &e : cache->entries)
+      if (e.device == ctx.device_id && e.dtype == dt && e.m == m && e.n == n &&
+          e.cholesky == cholesky)
+        return e.lwork;
+  }
+  const int lwork = query_lwork<T>(ctx, m, n, cholesky);
+  std::lock_guard<std::mutex> lock(cache->mutex);
+  if (cache->entries.size() < 256)
+    cache->entries.push_back({ctx.device_id, dt, m, n, cholesky, lwork});
+  return lwork;
 }
 
 /* ---------------------------------------------------------------- jobs */
@@ -340,6 +358,100 @@ size_t carve(Context &ctx, const QrJob &job, const QrCall &call, char *base,
          qr_carve<T>(job, call, lwork,
                      base != nullptr ? base + kLaneBlasWorkspace : nullptr, out);
 }
+
+/* The steps of shifted_cholesky_qr3 (src/backend/qr_backend.h) on a lane,
+ * all in fp64: enqueued without a host wait, the verdict (kQrNeedsFallback)
+ * and the checks of diag(R), Q and R taken on the device into *flag. */
+template <class T>
+class CudaCholesky {
+ public:
+  CudaCholesky(const Lane &lane, const Buffers<T> &b, const QrJob &job, bool want_r,
+               double threshold, uint32_t *flag)
+      : lane_(lane),
+        b_(b),
+        job_(job),
+        m_(job.m()),
+        n_(job.n()),
+        want_r_(want_r),
+        threshold_(threshold),
+        flag_(flag) {}
+
+  void widen() {
+    if (!kNarrow) return;
+    kq::launch_convert(lane_.stream, dtype(), b_.w, OSFTI_F64, b_.w64, m_ * n_);
+  }
+  void gram() {
+    check_blas(osft::gram(lane_.blas, m(), n(), b_.w64, b_.g), "cublas dsyrk");
+  }
+  void shift(double factor) { kq::launch_shift_diagonal(lane_.stream, b_.g, n_, factor); }
+  bool deviation_ok() {
+    check_cuda(cudaMemsetAsync(b_.acc, 0, sizeof(double), lane_.stream),
+               "cudaMemsetAsync");
+    kq::launch_gram_deviation(lane_.stream, OSFTI_F64, b_.g, n_, b_.acc);
+    return true;
+  }
+  bool cholesky(int pass) {
+    const int lwork64 = static_cast<int>(b_.lwork * static_cast<int64_t>(sizeof(T)) /
+                                         static_cast<int64_t>(sizeof(double)));
+    check_solver(potrf(lane_.solver, n(), b_.g, reinterpret_cast<double *>(b_.work),
+                       lwork64, b_.info + pass),
+                 "cusolverDn dpotrf");
+    check_blas(solve_right_upper(lane_.blas, m(), n(), b_.g, b_.w64), "cublas dtrsm");
+    return true;
+  }
+  void accumulate_r(int pass) {
+    kq::launch_diagonal_product(lane_.stream, b_.g, n_, b_.d64, pass == 0);
+    if (!want_r_) return;
+    if (pass > 0) {
+      check_blas(mul_left_upper(lane_.blas, n(), b_.g, b_.r64), "cublas dtrmm");
+      return;
+    }
+    kq::Transfer r1; /* R1 = triu(g) */
+    r1.src = kq::col_major(b_.g, n_, n_, n_);
+    r1.dst = kq::col_major(b_.r64, n_, n_, n_);
+    r1.upper = true;
+    kq::launch_transfer(lane_.stream, OSFTI_F64, r1);
+  }
+  /* Q, diag(R) (into sign) and R in T, then the checks: an fp64 value
+   * beyond fp32's range becomes Inf and is reported as an overflow. */
+  bool narrow() {
+    kq::launch_cholqr2_verdict(lane_.stream, b_.info, kCholeskyPasses, b_.acc, threshold_,
+                               flag_);
+    kq::launch_convert(lane_.stream, OSFTI_F64, b_.d64, dtype(), b_.sign, n_);
+    kq::launch_diagonal(lane_.stream, dtype(), b_.sign, 0, n_, nullptr, flag_,
+                        job_.rank_tol);
+    if (kNarrow) {
+      kq::launch_convert(lane_.stream, OSFTI_F64, b_.w64, dtype(), b_.w, m_ * n_);
+      if (want_r_)
+        kq::launch_convert(lane_.stream, OSFTI_F64, b_.r64, dtype(), b_.r, n_ * n_);
+    }
+    check_finite(kq::col_major(b_.w, m_, n_, m_), false);
+    if (want_r_) check_finite(kq::col_major(b_.r, n_, n_, n_), true);
+    return true;
+  }
+
+ private:
+  static constexpr bool kNarrow = !std::is_same<T, double>::value;
+  osfti_dtype_t dtype() const noexcept { return job_.q.dtype; }
+  int m() const noexcept { return static_cast<int>(m_); }
+  int n() const noexcept { return static_cast<int>(n_); }
+  void check_finite(kq::View v, bool upper) {
+    kq::Transfer t;
+    t.src = v;
+    t.upper = upper;
+    t.flag = flag_;
+    t.bit = kQrNonfiniteResult;
+    kq::launch_transfer(lane_.stream, dtype(), t);
+  }
+
+  const Lane &lane_;
+  const Buffers<T> &b_;
+  const QrJob &job_;
+  int64_t m_, n_;
+  bool want_r_;
+  double threshold_;
+  uint32_t *flag_;
+};
 
 /* Enqueues one job on its lane. */
 template <class T>
@@ -409,9 +521,13 @@ class JobRunner {
   }
 
   /* w -> Q in place (Householder: before the sign fix, signs in b_.sign);
-   * R into b_.r when wanted (always for CholeskyQR2). */
+   * R into b_.r when wanted. */
   void factor(bool want_r) {
-    if (cholesky_) return cholesky_qr2();
+    if (cholesky_) {
+      CudaCholesky<T> ops(lane_, b_, job_, want_r, call_.ortho_threshold, flag_);
+      shifted_cholesky_qr3(ops, m_, n_);
+      return;
+    }
     check_solver(geqrf(lane_.solver, m(), n(), b_.w, b_.tau, b_.work, lwork(), b_.info),
                  "cusolverDn geqrf");
     kq::launch_diagonal(lane_.stream, dtype(), b_.w, m_, n_, b_.sign, flag_,
@@ -429,38 +545,6 @@ class JobRunner {
     kq::launch_transfer(lane_.stream, dtype(), t);
     check_solver(orgqr(lane_.solver, m(), n(), b_.w, b_.tau, b_.work, lwork(), b_.info),
                  "cusolverDn orgqr");
-    transfer(work_view(b_.w), kq::View{}, nullptr, kQrNonfiniteResult, false);
-  }
-
-  /* One CholeskyQR pass: g = w^T w = R^T R (info: its Cholesky), w = w R^-1. */
-  void cholesky_pass(int *info) {
-    check_blas(gram(lane_.blas, m(), n(), b_.w, b_.g), "cublas syrk");
-    check_solver(potrf(lane_.solver, n(), b_.g, b_.work, lwork(), info),
-                 "cusolverDn potrf");
-    check_blas(solve_right_upper(lane_.blas, m(), n(), b_.g, b_.w), "cublas trsm");
-  }
-
-  void cholesky_qr2() {
-    cholesky_pass(b_.info);
-    kq::Transfer r1; /* R1 = triu(g) */
-    r1.src = kq::col_major(b_.g, n_, n_, n_);
-    r1.dst = kq::col_major(b_.r, n_, n_, n_);
-    r1.upper = true;
-    kq::launch_transfer(lane_.stream, dtype(), r1);
-    check_blas(gram(lane_.blas, m(), n(), b_.w, b_.g), "cublas syrk");
-    check_cuda(cudaMemsetAsync(b_.acc, 0, sizeof(double), lane_.stream),
-               "cudaMemsetAsync");
-    kq::launch_gram_deviation(lane_.stream, dtype(), b_.g, n_, b_.acc);
-    check_solver(potrf(lane_.solver, n(), b_.g, b_.work, lwork(), b_.info + 1),
-                 "cusolverDn potrf");
-    check_blas(solve_right_upper(lane_.blas, m(), n(), b_.g, b_.w), "cublas trsm");
-    check_blas(mul_left_upper(lane_.blas, n(), b_.g, b_.r), "cublas trmm"); /* R2 R1 */
-    kq::launch_cholqr2_verdict(lane_.stream, b_.info, 2, b_.acc, call_.ortho_threshold,
-                               flag_);
-    kq::launch_diagonal(lane_.stream, dtype(), b_.r, n_, n_, nullptr, flag_,
-                        job_.rank_tol);
-    transfer(kq::col_major(b_.r, n_, n_, n_), kq::View{}, nullptr, kQrNonfiniteResult,
-             false, true);
     transfer(work_view(b_.w), kq::View{}, nullptr, kQrNonfiniteResult, false);
   }
 
@@ -532,21 +616,43 @@ void run_small(Context &ctx, const QrCall &call, const Shared &s,
   }
 }
 
+void enqueue_job(Context &ctx, const QrCall &call, const LaneSet &lanes, char *scratch,
+                 uint32_t *flags, bool cholesky, size_t p) {
+  const QrJob &job = call.jobs[p];
+  char *base = scratch + call.lane_offset[job.lane];
+  const Lane &lane = lanes.lane(job.lane);
+  if (job.q.dtype == OSFTI_F64)
+    JobRunner<double>(ctx, call, lane, job, base, flags + p).run(cholesky);
+  else
+    JobRunner<float>(ctx, call, lane, job, base, flags + p).run(cholesky);
+}
+
 /* Enqueues the lane jobs (those with redo[p] set, if redo is given)
- * between a fork and a join of the lanes. */
+ * between a fork and a join of the lanes: round-robin over the lanes (the
+ * first job of every lane, then the second, ...), so that every lane has
+ * work queued early. Enqueued lane after lane, a lane started only once
+ * the host had issued every launch of the lanes before it (a 4096^2
+ * Householder QR is hundreds of cuSOLVER launches), and with them the
+ * device often had finished those lanes already: they barely overlapped. */
 void run_lanes(Context &ctx, const QrCall &call, const LaneSet &lanes, char *scratch,
                uint32_t *flags, bool cholesky, const uint32_t *redo) {
-  for (size_t p = 0; p < call.count; ++p) {
-    const QrJob &job = call.jobs[p];
-    if (job.lane < 0 || (redo != nullptr && redo[p] == 0)) continue;
-    char *base = scratch + call.lane_offset[job.lane];
-    const Lane &lane = lanes.lane(job.lane);
-    check_blas(cublasSetWorkspace(lane.blas, base, kLaneBlasWorkspace),
+  HostArray<size_t> next(ctx, static_cast<size_t>(call.lanes) + 1);
+  for (size_t p = call.count; p-- > 0;) /* jobs are sorted by lane */
+    if (call.jobs[p].lane >= 0) next[static_cast<size_t>(call.jobs[p].lane)] = p;
+  for (int l = 0; l < call.lanes; ++l) /* once per call, not per job */
+    check_blas(cublasSetWorkspace(lanes.lane(l).blas, scratch + call.lane_offset[l],
+                                  kLaneBlasWorkspace),
                "cublasSetWorkspace");
-    if (job.q.dtype == OSFTI_F64)
-      JobRunner<double>(ctx, call, lane, job, base, flags + p).run(cholesky);
-    else
-      JobRunner<float>(ctx, call, lane, job, base, flags + p).run(cholesky);
+  for (bool more = true; more;) {
+    more = false;
+    for (int l = 0; l < call.lanes; ++l) {
+      size_t &p = next[static_cast<size_t>(l)];
+      while (p < call.count && call.jobs[p].lane == l && redo != nullptr && redo[p] == 0)
+        ++p;
+      if (p >= call.count || call.jobs[p].lane != l) continue;
+      enqueue_job(ctx, call, lanes, scratch, flags, cholesky, p++);
+      more = true;
+    }
   }
 }
 
@@ -570,6 +676,7 @@ void cuda_run(Context &ctx, const QrCall &call, void *scratch, uint32_t *flags) 
   check_cuda(cudaMemsetAsync(s.flags, 0, call.count * sizeof(uint32_t), stream_of(ctx)),
              "cudaMemsetAsync");
   const bool cholesky = call.method == QrMethod::cholesky_qr2;
+  bool read = false; /* flags already hold the final verdicts */
   if (small_jobs(call) == call.count) {
     run_small(ctx, call, s, descs);
   } else {
@@ -578,8 +685,9 @@ void cuda_run(Context &ctx, const QrCall &call, void *scratch, uint32_t *flags) 
     run_small(ctx, call, s, descs);
     run_lanes(ctx, call, lanes, base, s.flags, cholesky, nullptr);
     lanes.join();
-    if (cholesky) {
+    if (cholesky) { /* the one host wait, unless a matrix must be redone */
       read_flags(ctx, call, s.flags, flags);
+      read = true;
       size_t again = 0;
       for (size_t p = 0; p < call.count; ++p) {
         /* A NaN/Inf input fails either way: no point redoing it. */
@@ -591,13 +699,14 @@ void cuda_run(Context &ctx, const QrCall &call, void *scratch, uint32_t *flags) 
                    "cudaMemsetAsync");
       }
       if (again > 0) {
+        read = false;
         lanes.fork();
         run_lanes(ctx, call, lanes, base, s.flags, false, redo.get());
         lanes.join();
       }
     }
   }
-  read_flags(ctx, call, s.flags, flags);
+  if (!read) read_flags(ctx, call, s.flags, flags);
   for (size_t p = 0; p < call.count; ++p) {
     flags[p] &= ~static_cast<uint32_t>(kQrNeedsFallback);
     if (redo[p] != 0) flags[p] |= kQrFellBack;

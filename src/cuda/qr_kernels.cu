@@ -177,6 +177,37 @@ __global__ void cholqr2_verdict_kernel(const int *info, int n_info, const double
   if (fallback) atomicOr(flag, static_cast<uint32_t>(kQrNeedsFallback));
 }
 
+/* ------------------------------------------------- the Cholesky path */
+
+template <class S, class D>
+__global__ void convert_kernel(const S *src, D *dst, int64_t count) {
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < count;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[e] = static_cast<D>(src[e]);
+}
+
+/* One block: g_jj += factor * trace(g); every read of the diagonal happens
+ * before the first write (block_reduce synchronizes). */
+__global__ void shift_diagonal_kernel(double *g, int64_t n, double factor) {
+  __shared__ double red[kWarps + 1];
+  double trace = 0.0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) trace += g[j + j * n];
+  trace = block_reduce(trace, Op::sum, red);
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) g[j + j * n] += factor * trace;
+}
+
+__global__ void diagonal_product_kernel(const double *g, int64_t n, double *d,
+                                        bool first) {
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < n;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    d[j] = first ? g[j + j * n] : d[j] * g[j + j * n];
+}
+
+unsigned elementwise_blocks(int64_t count) {
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>((count + kThreads - 1) / kThreads, 4096)));
+}
+
 /* ------------------------------------------------------------ small QR */
 
 /* The shared-memory layout of one small job: W (m x n, column-major), P
@@ -439,7 +470,32 @@ void launch_gram_deviation(cudaStream_t stream, osfti_dtype_t dtype, const void 
 void launch_cholqr2_verdict(cudaStream_t stream, const int *info, int n_info,
                             const double *acc, double threshold, uint32_t *flag) {
   cholqr2_verdict_kernel<<<1, 1, 0, stream>>>(info, n_info, acc, threshold, flag);
-  check_launch("CholeskyQR2 verdict");
+  check_launch("CholeskyQR verdict");
+}
+
+void launch_convert(cudaStream_t stream, osfti_dtype_t src_dtype, const void *src,
+                    osfti_dtype_t dst_dtype, void *dst, int64_t count) {
+  if (count == 0) return;
+  with_type(src_dtype, [&](auto src_tag) {
+    using S = decltype(src_tag);
+    with_type(dst_dtype, [&](auto dst_tag) {
+      using D = decltype(dst_tag);
+      convert_kernel<S, D><<<elementwise_blocks(count), kThreads, 0, stream>>>(
+          static_cast<const S *>(src), static_cast<D *>(dst), count);
+    });
+  });
+  check_launch("QR convert");
+}
+
+void launch_shift_diagonal(cudaStream_t stream, double *g, int64_t n, double factor) {
+  shift_diagonal_kernel<<<1, kThreads, 0, stream>>>(g, n, factor);
+  check_launch("QR shift");
+}
+
+void launch_diagonal_product(cudaStream_t stream, const double *g, int64_t n, double *d,
+                             bool first) {
+  diagonal_product_kernel<<<elementwise_blocks(n), kThreads, 0, stream>>>(g, n, d, first);
+  check_launch("QR diagonal product");
 }
 
 size_t small_smem_bytes(osfti_dtype_t dtype, int64_t m, int64_t n, bool power) noexcept {

@@ -61,10 +61,24 @@ void launch_diagonal(cudaStream_t stream, osfti_dtype_t dtype, const void *w, in
 void launch_gram_deviation(cudaStream_t stream, osfti_dtype_t dtype, const void *g,
                            int64_t n, double *acc);
 
-/* CholeskyQR2's verdict: kQrNeedsFallback in *flag if either Cholesky
- * info is non-zero or sqrt(*acc) > threshold (or NaN). */
+/* The Cholesky path's verdict: kQrNeedsFallback in *flag if any of the
+ * n_info Cholesky infos is non-zero or sqrt(*acc) > threshold (or NaN). */
 void launch_cholqr2_verdict(cudaStream_t stream, const int *info, int n_info,
                             const double *acc, double threshold, uint32_t *flag);
+
+/* dst[e] = src[e] for e < count, converted between fp32 and fp64 (an fp64
+ * value beyond fp32's range becomes Inf). */
+void launch_convert(cudaStream_t stream, osfti_dtype_t src_dtype, const void *src,
+                    osfti_dtype_t dst_dtype, void *dst, int64_t count);
+
+/* The shifted first pass of the Cholesky path: g_jj += factor * trace(g)
+ * for the n x n fp64 g (column-major, ld n). */
+void launch_shift_diagonal(cudaStream_t stream, double *g, int64_t n, double factor);
+
+/* d[j] = g_jj (first) or d[j] * g_jj: diag(R) of a product of triangular
+ * factors, pass after pass. */
+void launch_diagonal_product(cudaStream_t stream, const double *g, int64_t n, double *d,
+                             bool first);
 
 /* One small matrix for the batched kernel: everything it needs sits in one
  * block's shared memory. Power iteration: a is the m x m factor and q the

@@ -57,6 +57,22 @@ double *conditioned(int64_t m, int64_t n, double kappa) {
   return a;
 }
 
+double *soap_like(int64_t n, double kappa) {
+  const double alpha = n > 1 ? log(kappa) / log((double)n) : 0.0;
+  double *u = random_orthonormal(n, n), *q = random_orthonormal(n, n), *p = zeros(n * n);
+  for (int64_t k = 0; k < n; ++k) {
+    const double lambda = pow(1.0 + (double)k, -alpha);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        p[i * n + j] += u[i * n + k] * lambda * u[j * n + k];
+  }
+  double *a = matmul(p, q, n, n, n);
+  free(u);
+  free(q);
+  free(p);
+  return a;
+}
+
 double *matmul(const double *a, const double *b, int64_t m, int64_t k, int64_t n) {
   double *c = zeros(m * n);
   for (int64_t i = 0; i < m; ++i)

@@ -36,6 +36,12 @@ double *random_orthonormal(int64_t m, int64_t n);
  * singular values log-spaced from 1 down to 1 / kappa. */
 double *conditioned(int64_t m, int64_t n, double kappa);
 
+/* SOAP's input: P Q, P = U diag(lambda) U^T a symmetric positive definite
+ * n x n with the power-law spectrum lambda_k = (1 + k)^-alpha (alpha such
+ * that lambda_0 / lambda_{n-1} = kappa: fast decay from the top, like a
+ * Kronecker factor of gradients), U and Q random orthogonal. */
+double *soap_like(int64_t n, double kappa);
+
 double frob(const double *x, int64_t n);
 
 /* c (m x n) = a (m x k) b (k x n), row-major, malloc'ed. */

@@ -1,5 +1,6 @@
 /* Batched QR numerics: accuracy over condition numbers for both methods
- * (CholeskyQR2 falling back where it must), results independent of the
+ * (the Cholesky path against float64 up to kappa 1e7 and on SOAP-like
+ * inputs, falling back only where it must), results independent of the
  * number of workers, and the fused power-iteration step against a loop of
  * separate QRs and a float64 power iteration.
  *
@@ -42,8 +43,9 @@ static void log_stop(void) {
 }
 
 /* kappa 1e2..1e12 (fp64), 1e1..1e5 (fp32): both methods meet the same
- * accuracy; CholeskyQR2 falls back where theory says it must and not for
- * well-conditioned matrices. 200 x 130: on CUDA too big for the batched
+ * accuracy, and the Cholesky path (shifted CholeskyQR3 in fp64) needs no
+ * fall-back for any of them (plain CholeskyQR2 needed one from 1e3 in fp32
+ * and from 1e8 in fp64). 200 x 130: on CUDA too big for the batched
  * kernel (which is always Householder). The rank check is off: fp32 at
  * 1e5 is near its default tolerance, and this test is about accuracy. */
 static void test_condition_numbers(void **state) {
@@ -71,18 +73,57 @@ static void test_condition_numbers(void **state) {
         expect_entry(&L, i, L.q[i], a);
         free(a);
       }
-      if (kMethods[mi] == OSFT_QR_CHOLESKY_QR2) {
-        /* fp64: from 1e10 (maybe 1e8); fp32: from 1e4 (maybe 1e3). */
-        const int at_least = 2, at_most = 3;
-        if (cap.fallbacks < at_least || cap.fallbacks > at_most)
-          fail_msg("%s: %d CholeskyQR2 fall-backs, expected %d to %d",
-                   dt == 0 ? "fp64" : "fp32", cap.fallbacks, at_least, at_most);
-      } else {
-        assert_int_equal(cap.fallbacks, 0);
-      }
+      if (cap.fallbacks != 0)
+        fail_msg("%s: %d fall-backs to Householder, expected none",
+                 dt == 0 ? "fp64" : "fp32", cap.fallbacks);
       list_free(&L);
     }
   }
+}
+
+/* The Cholesky path on fp32 against float64, on fresh random inputs:
+ * kappa 1, 1e2, 1e4, 1e5, 1e6, 1e7 (log-spaced singular values) and
+ * SOAP's own inputs P Q (soap_like: 1e4, 1e6, 1e7), square as SOAP's are,
+ * with R: every Q orthonormal and Q R = A to fp32 tolerance
+ * (30 n eps), and none falls back. Beyond what it can do (an fp64 matrix
+ * with a zero column, rank check off) it falls back, once, to a valid QR. */
+static void test_cholesky_path(void **state) {
+  enum { N_CHOL = 10 };
+  const double kappa[N_CHOL] = {1, 1e2, 1e4, 1e5, 1e6, 1e7, 1e4, 1e6, 1e7, 1};
+  const int want_r[N_CHOL] = {1, 1, 1, 1, 1, 1, 1, 0, 1, 1};
+  spec s[N_CHOL];
+  for (int i = 0; i < N_CHOL; ++i) s[i] = (spec){TT_F32, 160, 160, 0};
+  s[3] = (spec){TT_F32, 200, 120, 0};
+  s[N_CHOL - 1] = (spec){TT_F64, 64, 40, 0};
+  test_seed("cholesky_path");
+  list L;
+  list_make(&L, N_CHOL, s, kappa, want_r);
+  for (int i = 6; i < 9; ++i) {
+    double *a = soap_like(s[i].m, kappa[i]);
+    tt_set(L.a[i], a);
+    free(a);
+  }
+  double *z = tt_get(L.a[N_CHOL - 1]);
+  for (int64_t r = 0; r < 64; ++r) z[r * 40 + 7] = 0.0; /* a zero column */
+  tt_set(L.a[N_CHOL - 1], z);
+  free(z);
+  L.kappa[N_CHOL - 1] = 1e30; /* singular: no reference to compare with */
+  osft_qr_options_t o = options(OSFT_QR_CHOLESKY_QR2);
+  o.rank_tolerance = -1.0;
+  log_capture cap;
+  log_start(&cap);
+  const osft_status_t call = osft_qr_batch(CTX, &o, N_CHOL, L.ap, L.qp, L.rp, NULL);
+  log_stop();
+  assert_int_equal(call, OSFT_STATUS_SUCCESS);
+  for (int i = 0; i < N_CHOL; ++i) {
+    double *a = tt_get(L.a[i]);
+    expect_entry(&L, i, L.q[i], a);
+    free(a);
+  }
+  if (cap.fallbacks != 1)
+    fail_msg("%d fall-backs to Householder, expected 1 (the singular matrix)",
+             cap.fallbacks);
+  list_free(&L);
 }
 
 /* Results do not depend on the number of workers (bitwise from 2 workers
@@ -215,6 +256,7 @@ int main(void) {
   if (!tt_device_present()) return OSFT_TEST_SKIP;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_condition_numbers, tt_setup, tt_teardown),
+      cmocka_unit_test_setup_teardown(test_cholesky_path, tt_setup, tt_teardown),
       cmocka_unit_test(test_concurrency_and_workspace_limit),
       cmocka_unit_test_setup_teardown(test_power_iteration_matches_loop, tt_setup,
                                       tt_teardown),
