@@ -82,10 +82,12 @@ class TiledMLPPlan(TransientHandles):
 
     def handle(self, projs, params):
         """projs: (gate, up, down); params: their autograd inputs."""
-        layers = tuple(p._layer_handle() if isinstance(p, OSFTLinear) else None for p in projs)
-        key = storage_key(params) + tuple(id(h) for h in layers)
+        # keyed on the layers' factor storage, not their handles: the MLP
+        # handle depends on the layers' and must go before they are rebuilt
+        key = storage_key(params) + tuple(storage_key(p._factors()) for p in projs if isinstance(p, OSFTLinear))
         if self._handle is None or self._handle.closed or key != self._key:
             self.close()
+            layers = tuple(p._layer_handle() if isinstance(p, OSFTLinear) else None for p in projs)
             w = capi.osft_mlp_weights_t()
             it = iter(params)
             for role, p, layer in zip(_ROLES, projs, layers):
