@@ -167,6 +167,11 @@ struct FlceRowPass {
   Mat logits;
   bool want_grad = false;
   osfti_dtype_t grad_dtype = OSFTI_F32;
+  /* Where the gradient goes instead of in place (data nullptr: in place):
+   * logits.rows rows of grad_dtype, ld >= V, rows 16-byte aligned. The
+   * operation keeps every chunk's gradient this way when it sums grad_W in
+   * one GEMM at the end (FlcePlan::hold). */
+  Mat grad;
   int64_t first_token = 0;
   FlceTargets targets; /* all tokens */
   Vec bias;            /* fp32 or bf16; data nullptr: none */

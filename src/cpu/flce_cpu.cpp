@@ -274,6 +274,8 @@ void one_row(const RowSetup &s, int64_t i) {
   const int64_t yl = y - L.vocab_offset; /* the target's local column */
   const bool mine = !ignored && yl >= 0 && yl < v;
   float *z = static_cast<float *>(a.logits.data) + i * a.logits.ld;
+  float *out =
+      a.grad.data != nullptr ? static_cast<float *>(a.grad.data) + i * a.grad.ld : z;
   float buf[kBlock];
   RowStats st;
   double wy = mine ? (s.weights != nullptr ? s.weights[yl] : 1.0) : 0.0;
@@ -308,7 +310,7 @@ void one_row(const RowSetup &s, int64_t i) {
   double c = ignored ? 0.0 : s.scale, cz = ignored ? 0.0 : s.z_scale;
   if (!ignored && L.per_token && a.grad_loss != nullptr) c = cz = a.grad_loss[tok];
   if (c == 0.0 && (cz == 0.0 || L.z_scale == 0.0f)) {
-    std::fill(z, z + v, 0.0f);
+    std::fill(out, out + v, 0.0f);
     return;
   }
   const double big_a =
@@ -318,7 +320,7 @@ void one_row(const RowSetup &s, int64_t i) {
                    static_cast<float>(c * (1.0 - L.smoothing) * wy)};
   for (int64_t j0 = 0; j0 < v; j0 += kBlock) {
     const int n = block_len(v, j0);
-    grad_block(s, gr, block_values(s, z, j0, n, buf), j0, n, yl, z + j0);
+    grad_block(s, gr, block_values(s, z, j0, n, buf), j0, n, yl, out + j0);
   }
 }
 

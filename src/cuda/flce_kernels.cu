@@ -116,7 +116,8 @@ __global__ void __launch_bounds__(kSingleBlockThreads)
 
 struct RowParams {
   float *logits;
-  int64_t ld, vocab, first_token, offset, global;
+  void *grad; /* nullptr: the gradient goes in place over the logits */
+  int64_t ld, grad_ld, vocab, first_token, offset, global;
   FlceRowPhase phase;
   float *records;
   const float *gathered;
@@ -251,21 +252,25 @@ __device__ __forceinline__ void store1(bf16_t *row, int64_t j, float g) {
   row[j] = __float2bfloat16_rn(g);
 }
 
-/* Pass 2: the gradient over the row. A bf16 gradient is narrower than the
- * fp32 logits it overwrites, so element j lands on bytes that an element
- * < j occupied: every tile is read into registers, then a barrier, then
- * written. An fp32 gradient replaces each element in place (no barrier). */
+/* Pass 2: the gradient over the row, or into `out` elsewhere. A bf16
+ * gradient in place is narrower than the fp32 logits it overwrites, so
+ * element j lands on bytes that an element < j occupied: every tile is
+ * read into registers, then a barrier, then written. An fp32 gradient
+ * replaces each element in place (no barrier); one written elsewhere
+ * needs none either. */
 template <class G>
-__device__ void write_gradient(const RowParams &p, const GradCoef &c, float *z) {
-  constexpr bool kNarrow = sizeof(G) < sizeof(float);
-  G *out = reinterpret_cast<G *>(z);
+__device__ void write_gradient(const RowParams &p, const GradCoef &c, const float *z,
+                               G *out) {
+  const bool narrow_in_place =
+      sizeof(G) < sizeof(float) &&
+      static_cast<const void *>(out) == static_cast<const void *>(z);
   const int64_t nvec = p.vocab / 4;
   const float4 *z4 = reinterpret_cast<const float4 *>(z);
   for (int64_t base = 0; base < nvec; base += blockDim.x) {
     const int64_t q = base + threadIdx.x;
     float4 r = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (q < nvec) r = z4[q];
-    if (kNarrow) __syncthreads();
+    if (narrow_in_place) __syncthreads();
     if (q < nvec) {
       const int64_t j = 4 * q;
       store4(out, q, grad_at(p, c, r.x, j), grad_at(p, c, r.y, j + 1),
@@ -276,7 +281,7 @@ __device__ void write_gradient(const RowParams &p, const GradCoef &c, float *z) 
   const int64_t j = 4 * nvec + threadIdx.x;
   float raw = 0.0f;
   if (j < p.vocab) raw = z[j];
-  if (kNarrow) __syncthreads();
+  if (narrow_in_place) __syncthreads();
   if (j < p.vocab) store1(out, j, grad_at(p, c, raw, j));
 }
 
@@ -369,7 +374,9 @@ __global__ void __launch_bounds__(kMaxRowThreads) rows_kernel(RowParams p) {
   c.cy = scale * (1.0f - p.smoothing) * wy;
   c.y = mine ? yl : -1;
   c.zero = !counted || (scale == 0.0f && (zscale == 0.0f || p.z_scale == 0.0f));
-  write_gradient<G>(p, c, z);
+  G *out = p.grad != nullptr ? static_cast<G *>(p.grad) + row * p.grad_ld
+                             : reinterpret_cast<G *>(z);
+  write_gradient<G>(p, c, z, out);
 }
 
 /* ------------------------------------------------------------ finalize */
@@ -463,6 +470,8 @@ void launch_flce_rows(cudaStream_t stream, const FlceRowPass &a) {
   RowParams p;
   p.logits = static_cast<float *>(a.logits.data);
   p.ld = a.logits.ld;
+  p.grad = a.grad.data;
+  p.grad_ld = a.grad.ld;
   p.vocab = a.loss.vocab;
   p.first_token = a.first_token;
   p.offset = a.loss.vocab_offset;

@@ -9,6 +9,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/logging.h"
 #include "ops/flce_ops.h"
 
 namespace osft {
@@ -63,24 +64,72 @@ class Run {
         chunk_rows_(plan.chunk_rows) {}
 
   void run() {
+    counts_.allocations = 1; /* compute() took the plan's scratch */
     totals_ = static_cast<FlceTotals *>(mat(plan_.slots.totals).data);
     tokens_.loss = static_cast<float *>(mat(plan_.slots.token_loss).data);
     tokens_.z = static_cast<float *>(mat(plan_.slots.token_z).data);
     tokens_.argmax = static_cast<int64_t *>(mat(plan_.slots.token_argmax).data);
     check_targets(); /* the last check: outputs are written from here on */
     start_gradients();
-    for (int64_t first = 0; first < call_.m; first += chunk_rows_)
+    for (int64_t first = 0; first < call_.m; first += chunk_rows_) {
       chunk(first, std::min(chunk_rows_, call_.m - first));
+      ++counts_.chunks;
+    }
     finish_gradients();
     reduce_grad_x();
     finalize();
+    log_counts();
   }
 
  private:
   Mat mat(int slot) const { return plan_.scratch.mat(slot); }
 
-  void copy(const Mat &src, const Mat &dst) const {
+  /* ---- every backend call goes through these, counted */
+
+  bool whole_vh(const Mat &m) const noexcept {
+    return m.rows == call_.v && m.cols == call_.h;
+  }
+
+  void copy(const Mat &src, const Mat &dst) {
     be_.scale_into(ctx_, Axis::cols, src, nullptr, 0.0f, dst);
+    ++counts_.calls;
+    if (src.dtype != dst.dtype) {
+      ++counts_.conversions;
+      counts_.converted += src.rows * src.cols;
+    }
+    if (whole_vh(dst)) counts_.vh_passes += 2; /* read one, write the other */
+  }
+
+  void gemm(Op op_a, const Mat &a, Op op_b, const Mat &b, float beta, const Mat &c) {
+    be_.gemm(ctx_, op_a, a, op_b, b, 1.0f, beta, c);
+    ++counts_.calls;
+    const int64_t passes = beta != 0.0f ? 2 : 1; /* read-modify-write, or write */
+    /* Without bf16 GEMMs (the CPU) a bf16 C is widened (when read) and
+     * narrowed again by the GEMM itself. */
+    if (!k_.bf16_gemm && c.dtype != OSFTI_F32) {
+      counts_.conversions += passes;
+      counts_.converted += passes * c.rows * c.cols;
+    }
+    if (whole_vh(c)) counts_.vh_passes += passes;
+  }
+
+  void reduce_cols(const Mat &g, float beta, const Vec &y) {
+    be_.reduce(ctx_, Axis::cols, g, nullptr, beta, y);
+    ++counts_.calls;
+  }
+
+  void log_counts() const {
+    if (!log_enabled(OSFT_LOG_DEBUG)) return;
+    log_message(OSFT_LOG_DEBUG,
+                "flce: counts: %lld chunk(s)%s: %lld calls, %lld conversions (%lld "
+                "elements), %lld V x H passes, %lld host waits, %lld allocations",
+                static_cast<long long>(counts_.chunks), plan_.hold ? " (held)" : "",
+                static_cast<long long>(counts_.calls),
+                static_cast<long long>(counts_.conversions),
+                static_cast<long long>(counts_.converted),
+                static_cast<long long>(counts_.vh_passes),
+                static_cast<long long>(counts_.host_waits),
+                static_cast<long long>(counts_.allocations));
   }
 
   void check_targets() {
@@ -98,6 +147,8 @@ class Run {
       a.call = ++f_.calls;
     }
     FlceTotals t = k_.prepare(ctx_, a);
+    ++counts_.calls;
+    if (a.wait) ++counts_.host_waits; /* CUDA: the totals come back to the host */
     if (comm_ != nullptr) t = combine_totals(t);
     if (!on_device && t.first_bad >= 0)
       raise(OSFT_STATUS_INDEX_OUT_OF_RANGE,
@@ -129,6 +180,7 @@ class Run {
                           gx.data != nullptr && gx.ld == gx.cols ? 1 : 0};
     std::vector<RankTotals> all(static_cast<size_t>(comm_->size));
     comm_exchange_host(*comm_, &mine, sizeof mine, all.data());
+    ++counts_.host_waits;
     check_agreement(all);
     check_shards(all);
     /* t.valid stays this rank's: it counts every token (targets are
@@ -141,6 +193,7 @@ class Run {
       grad_x_compact_ = grad_x_compact_ && r.grad_x_compact != 0;
     }
     copy_from_host(ctx_, totals_, &t, sizeof t);
+    ++counts_.calls;
     return t;
   }
 
@@ -192,7 +245,7 @@ class Run {
             static_cast<long long>(covered), static_cast<long long>(global));
   }
 
-  Accumulator accumulator(const Mat &target, int slot, float beta) const {
+  Accumulator accumulator(const Mat &target, int slot, float beta) {
     Accumulator a{target, target, beta};
     if (target.data == nullptr) return a;
     if (slot >= 0) {
@@ -200,7 +253,10 @@ class Run {
       if (beta != 0.0f) copy(target, a.acc);
     }
     /* Without chunks nothing else writes an overwritten gradient. */
-    if (plan_.chunks == 0 && beta == 0.0f) be_.fill_zero(ctx_, a.acc);
+    if (plan_.chunks == 0 && beta == 0.0f) {
+      be_.fill_zero(ctx_, a.acc);
+      ++counts_.calls;
+    }
     return a;
   }
 
@@ -222,38 +278,48 @@ class Run {
 
   osfti_dtype_t grad_dtype() const noexcept { return weight_.dtype; }
 
+  /* Rows [first, first + rows) of the held gradients (hold plans). */
+  Mat held(int64_t first, int64_t rows) const {
+    Mat g = rows_of(mat(plan_.slots.hold), first, rows);
+    g.cols = call_.v;
+    return g;
+  }
+
   void chunk(int64_t first, int64_t rows) {
     Mat xc = rows_of(call_.x, first, rows);
     if (plan_.slots.x32 >= 0) {
-      const Mat x32 = rows_of(mat(plan_.slots.x32), 0, rows);
+      /* a hold plan widens all of x, for the grad_W GEMM at the end */
+      const Mat x32 = rows_of(mat(plan_.slots.x32), plan_.hold ? first : 0, rows);
       copy(xc, x32);
       xc = x32;
     }
-    Mat logits = rows_of(mat(plan_.slots.logits), 0, rows);
+    /* fp32 gradients of a hold plan: the logits go straight into the hold */
+    Mat logits = plan_.slots.logits >= 0 ? rows_of(mat(plan_.slots.logits), 0, rows)
+                                         : held(first, rows);
     logits.cols = call_.v;
-    be_.gemm(ctx_, Op::N, xc, Op::T, weight_, 1.0f, 0.0f, logits);
+    gemm(Op::N, xc, Op::T, weight_, 0.0f, logits);
     if (comm_ != nullptr) {
       row_pass(first, logits, FlceRowPhase::records);
       const int64_t count = rows * kFlceRecordWords;
       const std::vector<int64_t> counts(static_cast<size_t>(comm_->size), count);
       comm_allgather(*comm_, mat(plan_.slots.records).data,
                      mat(plan_.slots.gathered).data, counts.data(), OSFTI_F32);
+      ++counts_.host_waits;
       row_pass(first, logits, FlceRowPhase::finish);
     } else {
       row_pass(first, logits, FlceRowPhase::full);
     }
     if (!call_.want_grad()) return;
-    const Mat g = gradient_view(logits);
+    const Mat g = plan_.hold ? held(first, rows) : gradient_view(logits);
     if (call_.grad_x.data != nullptr)
-      be_.gemm(ctx_, Op::N, g, Op::N, weight_, 1.0f, grad_x_beta(),
-               rows_of(call_.grad_x, first, rows));
+      gemm(Op::N, g, Op::N, weight_, grad_x_beta(), rows_of(call_.grad_x, first, rows));
+    if (plan_.hold) return; /* grad_W and grad_b once, in finish_gradients() */
     if (gw_.target.data != nullptr) {
-      be_.gemm(ctx_, Op::T, g, Op::N, xc, 1.0f, gw_.beta, gw_.acc);
+      gemm(Op::T, g, Op::N, xc, gw_.beta, gw_.acc);
       gw_.beta = 1.0f;
     }
     if (gb_.target.data != nullptr) {
-      be_.reduce(ctx_, Axis::cols, g, nullptr, gb_.beta,
-                 Vec{gb_.acc.data, call_.v, gb_.acc.dtype});
+      reduce_cols(g, gb_.beta, Vec{gb_.acc.data, call_.v, gb_.acc.dtype});
       gb_.beta = 1.0f;
     }
   }
@@ -266,21 +332,23 @@ class Run {
 
   /* Sums grad_x over the ranks once, in place: one all-reduce when it is
    * compact on every rank, else one per row (padding is not ours to touch). */
-  void reduce_grad_x() const {
+  void reduce_grad_x() {
     const Mat &gx = call_.grad_x;
     if (comm_ == nullptr || gx.data == nullptr || gx.rows == 0) return;
     const size_t elem = gx.dtype == OSFTI_F32 ? 4 : 2;
     if (grad_x_compact_) {
       comm_allreduce_sum(*comm_, gx.data, static_cast<size_t>(gx.rows * gx.cols),
                          gx.dtype);
+      ++counts_.host_waits;
       return;
     }
     for (int64_t r = 0; r < gx.rows; ++r)
       comm_allreduce_sum(*comm_, static_cast<char *>(gx.data) + r * gx.ld * elem,
                          static_cast<size_t>(gx.cols), gx.dtype);
+    counts_.host_waits += gx.rows;
   }
 
-  void row_pass(int64_t first, const Mat &logits, FlceRowPhase phase) const {
+  void row_pass(int64_t first, const Mat &logits, FlceRowPhase phase) {
     FlceRowPass a;
     a.loss = loss_;
     a.phase = phase;
@@ -292,6 +360,7 @@ class Run {
     a.logits = logits;
     a.want_grad = call_.want_grad();
     a.grad_dtype = grad_dtype();
+    if (plan_.hold && plan_.slots.logits >= 0) a.grad = held(first, logits.rows);
     a.first_token = first;
     a.targets = call_.targets;
     a.bias = call_.bias;
@@ -300,14 +369,24 @@ class Run {
     a.totals = totals_;
     a.tokens = tokens_;
     k_.rows(ctx_, a);
+    ++counts_.calls;
   }
 
-  void finish_gradients() const {
+  void finish_gradients() {
+    if (plan_.hold) {
+      /* every row's gradient is held: one GEMM of K = M rows and one sum */
+      const Mat g = held(0, call_.m);
+      const Mat x = plan_.slots.x32 >= 0 ? mat(plan_.slots.x32) : call_.x;
+      gemm(Op::T, g, Op::N, x, gw_.beta, gw_.acc);
+      if (gb_.target.data != nullptr)
+        reduce_cols(g, gb_.beta, Vec{gb_.acc.data, call_.v, gb_.acc.dtype});
+      return;
+    }
     if (gw_.in_scratch()) copy(gw_.acc, gw_.target);
     if (gb_.in_scratch()) copy(gb_.acc, gb_.target);
   }
 
-  void finalize() const {
+  void finalize() {
     FlceFinalize a;
     a.loss = loss_;
     a.targets = call_.targets;
@@ -319,6 +398,7 @@ class Run {
     a.out_argmax = call_.argmax;
     a.out_token_loss = call_.token_loss;
     k_.finalize(ctx_, a);
+    ++counts_.calls;
   }
 
   Flce &f_;
@@ -335,6 +415,7 @@ class Run {
   FlceTokens tokens_;
   Mat weight_; /* W as the GEMMs take it */
   Accumulator gw_, gb_;
+  FlceCounts counts_;
 };
 
 }  // namespace

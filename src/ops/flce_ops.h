@@ -61,11 +61,15 @@ FlceCall check_call(const Flce &f, const osft_flce_inputs_t &in,
 /* Scratch slots of a call (-1: not needed). */
 struct FlceSlots {
   int totals = -1, token_loss = -1, token_z = -1, token_argmax = -1;
-  int logits = -1;   /* chunk x Vp fp32 */
-  int x32 = -1;      /* chunk x H fp32: x widened (no bf16 GEMM) */
-  int w32 = -1;      /* V x H fp32: W widened (no bf16 GEMM) */
-  int gw32 = -1;     /* V x H fp32: grad_weight accumulator */
-  int gb32 = -1;     /* V fp32: grad_bias accumulator */
+  int logits = -1; /* chunk x Vp fp32 */
+  int x32 = -1;    /* chunk x H fp32: x widened (no bf16 GEMM) */
+  int w32 = -1;    /* V x H fp32: W widened (no bf16 GEMM) */
+  int gw32 = -1;   /* V x H fp32: grad_weight accumulator */
+  int gb32 = -1;   /* V fp32: grad_bias accumulator */
+  /* hold plans: M x Vp in the gradient dtype, every chunk's g kept for one
+   * grad_W GEMM (and one grad_b sum) at the end; with fp32 gradients the
+   * logits are computed into it and `logits` is not needed */
+  int hold = -1;
   int records = -1;  /* vocab parallelism: chunk x kFlceRecordWords fp32 */
   int gathered = -1; /* ranks x chunk x kFlceRecordWords fp32 */
 };
@@ -73,6 +77,11 @@ struct FlceSlots {
 struct FlcePlan {
   int64_t chunk_rows = 0, chunks = 0;
   size_t budget = 0;
+  /* Several chunks, but grad_W (and grad_b) summed once over all M rows
+   * from the held gradients instead of a read-modify-write of a V x H
+   * accumulator per chunk: chosen where it takes no more scratch than the
+   * accumulator plan would (single rank only). */
+  bool hold = false;
   ScratchPlan scratch;
   FlceSlots slots;
 };
@@ -95,6 +104,19 @@ int64_t padded_vocab(int64_t v) noexcept;
  * then the gradient pass with it; grad_x partial sums are all-reduced once
  * at the end; grad_W and grad_b stay sharded. */
 void compute(Flce &f, const osft_flce_inputs_t &in, const osft_flce_outputs_t &out);
+
+/* What one compute call did, counted as it ran (flce_compute.cpp) and
+ * logged at OSFT_LOG_DEBUG as one line starting "flce: counts:", so that
+ * tests and benchmarks can see the fixed cost of a chunk. */
+struct FlceCounts {
+  int64_t chunks = 0;
+  int64_t calls = 0;       /* backend and kernel-table calls (launches on CUDA) */
+  int64_t conversions = 0; /* dtype conversions, the GEMMs' hidden ones included */
+  int64_t converted = 0;   /* elements they converted */
+  int64_t vh_passes = 0;   /* reads or writes of a whole V x H gradient buffer */
+  int64_t host_waits = 0;  /* waits for the device or the other ranks */
+  int64_t allocations = 0; /* scratch plans allocated */
+};
 
 }  // namespace osft
 

@@ -17,6 +17,11 @@ constexpr size_t kDefaultChunkBytes = size_t{1} << 30;
 /* Below this many rows per chunk the GEMMs run visibly slower (measured on
  * OpenBLAS; cuBLAS wants more). */
 constexpr int64_t kEfficientRows = 128;
+/* Hold plans with bf16 gradients stage the fp32 logits of at most this many
+ * rows at a time: enough for full-speed GEMMs (1024 rows of 128x128 tiles
+ * fill two waves of an H100's 132 SMs at H = 4096), and a quarter of the
+ * held gradients' bytes at M = 8192. */
+constexpr int64_t kHoldStageRows = 1024;
 
 void check(osft_status_t status) {
   throw_if_error(status);
@@ -162,10 +167,18 @@ bool widens(const Flce &f, const FlceCall &c) {
   return !flce_kernels(*f.ctx).bf16_gemm && c.x.dtype != OSFTI_F32;
 }
 
+/* The dtype of the gradient g the row pass writes: the GEMMs' operand dtype. */
+osfti_dtype_t grad_dtype_of(const Flce &f, const FlceCall &c) {
+  return flce_kernels(*f.ctx).bf16_gemm ? c.w.dtype : OSFTI_F32;
+}
+
 /* Adds every scratch buffer of a call with `rows` rows per chunk; the fp32
- * gradient accumulators only when `accumulators` (several chunks). */
+ * gradient accumulators only when `accumulators` (several chunks); with
+ * `hold`, the gradients of all M rows (and x widened for all of them)
+ * instead of the accumulators, and the logits chunk only where the
+ * gradients are narrower than the fp32 logits. */
 FlceSlots add_slots(const Flce &f, const FlceCall &c, int64_t rows, ScratchPlan &p,
-                    bool accumulators) {
+                    bool accumulators, bool hold = false) {
   static_assert(sizeof(FlceTotals) % sizeof(int64_t) == 0, "totals are 8-byte words");
   FlceSlots s;
   s.totals = p.add_mat(1, sizeof(FlceTotals) / sizeof(int64_t), OSFTI_I64);
@@ -173,7 +186,8 @@ FlceSlots add_slots(const Flce &f, const FlceCall &c, int64_t rows, ScratchPlan 
   s.token_z = p.add_mat(1, c.m, OSFTI_F32);
   s.token_argmax = p.add_mat(1, c.m, OSFTI_I64);
   const bool widen = widens(f, c);
-  const bool fp32_acc = accumulators && f.opts.accumulator == OSFT_FLCE_ACCUMULATOR_FP32;
+  const bool fp32_acc =
+      !hold && accumulators && f.opts.accumulator == OSFT_FLCE_ACCUMULATOR_FP32;
   if (widen) s.w32 = p.add_mat(c.v, c.h, OSFTI_F32);
   if (c.grad_w.data != nullptr && c.grad_w.dtype != OSFTI_F32 && fp32_acc)
     s.gw32 = p.add_mat(c.v, c.h, OSFTI_F32);
@@ -184,8 +198,10 @@ FlceSlots add_slots(const Flce &f, const FlceCall &c, int64_t rows, ScratchPlan 
     s.records = p.add_mat(rows, kFlceRecordWords, OSFTI_F32);
     s.gathered = p.add_mat(ranks * rows, kFlceRecordWords, OSFTI_F32);
   }
-  s.logits = p.add_mat(rows, padded_vocab(c.v), OSFTI_F32);
-  if (widen) s.x32 = p.add_mat(rows, c.h, OSFTI_F32);
+  const osfti_dtype_t gd = grad_dtype_of(f, c);
+  if (hold) s.hold = p.add_mat(c.m, padded_vocab(c.v), gd);
+  if (!hold || gd != OSFTI_F32) s.logits = p.add_mat(rows, padded_vocab(c.v), OSFTI_F32);
+  if (widen) s.x32 = p.add_mat(hold ? c.m : rows, c.h, OSFTI_F32);
   return s;
 }
 
@@ -315,6 +331,46 @@ void choose_chunks(const Flce &f, const FlceCall &c, size_t fixed, size_t per_ro
   plan.chunks = (c.m + plan.chunk_rows - 1) / plan.chunk_rows;
 }
 
+/* A plan in several chunks sums grad_W per chunk into a V x H buffer (the
+ * caller's fp32 gradient, the fp32 accumulator, or a bf16 gradient that a
+ * CPU GEMM widens and narrows again), a read-modify-write of all of it per
+ * chunk: that, not the GEMMs, is what makes small chunks slow. Holding every
+ * chunk's gradient g instead (M x Vp in the GEMM dtype) lets one GEMM of K
+ * = M rows write grad_W at the end, rounding once, and one reduction
+ * grad_b. Adopted where it fits the budget and takes no more scratch than
+ * the accumulator plan (`compare`; or where that plan does not fit at
+ * all): e.g. bf16 on CUDA at M <= 2 H, where 2 M Vp bytes of held bf16
+ * gradients replace the 4 V H bytes of the fp32 accumulator.
+ * Single rank only (the ranks of vocab parallelism agree on their chunks). */
+bool try_hold(const Flce &f, const FlceCall &c, FlcePlan &plan, bool compare) {
+  if (vocab_ranks(f) > 1 || c.m == 0 || c.grad_w.data == nullptr) return false;
+  ScratchPlan base;
+  add_slots(f, c, 0, base, false, true);
+  const size_t fixed = base.bytes() + 2 * ScratchPlan::alignment;
+  if (plan.budget < fixed) return false;
+  int64_t rows = c.m; /* fp32 gradients: the logits go straight into the hold */
+  if (grad_dtype_of(f, c) != OSFTI_F32) {
+    const size_t per_row = static_cast<size_t>(padded_vocab(c.v)) * sizeof(float);
+    const int64_t cap = static_cast<int64_t>(
+        std::min<size_t>((plan.budget - fixed) / per_row, static_cast<size_t>(c.m)));
+    if (cap < 1) return false;
+    rows = choose_rows(c.m, f.opts.chunk_rows > 0 ? cap : std::min(cap, kHoldStageRows),
+                       f.opts.chunk_rows);
+  } else if (f.opts.chunk_rows > 0) {
+    rows = std::min(f.opts.chunk_rows, c.m);
+  }
+  ScratchPlan held;
+  const FlceSlots slots = add_slots(f, c, rows, held, false, true);
+  if (held.bytes() > plan.budget || (compare && held.bytes() > plan.scratch.bytes()))
+    return false;
+  plan.hold = true;
+  plan.chunk_rows = rows;
+  plan.chunks = (c.m + rows - 1) / rows;
+  plan.scratch = held;
+  plan.slots = slots;
+  return true;
+}
+
 }  // namespace
 
 FlcePlan plan_call(const Flce &f, const FlceCall &c) {
@@ -331,16 +387,22 @@ FlcePlan plan_call(const Flce &f, const FlceCall &c) {
   if (one) {
     plan.chunk_rows = c.m;
     plan.chunks = 1;
+    plan.slots = add_slots(f, c, plan.chunk_rows, plan.scratch, false);
+  } else if (plan.budget < fixed + per_row && try_hold(f, c, plan, false)) {
+    /* the accumulators do not fit, the held gradients do */
   } else {
-    choose_chunks(f, c, fixed, per_row, bound, plan);
+    choose_chunks(f, c, fixed, per_row, bound, plan); /* throws if nothing fits */
+    plan.slots = add_slots(f, c, plan.chunk_rows, plan.scratch, true);
+    try_hold(f, c, plan, true);
   }
-  plan.slots = add_slots(f, c, plan.chunk_rows, plan.scratch, !one);
   log_message(OSFT_LOG_DEBUG,
-              "flce: M = %lld, V = %lld, H = %lld: %lld chunk(s) of %lld rows, %zu bytes "
-              "of scratch (bound %zu)",
+              "flce: M = %lld, V = %lld, H = %lld: %lld chunk(s) of %lld rows%s, %zu "
+              "bytes of scratch (bound %zu)",
               static_cast<long long>(c.m), static_cast<long long>(c.v),
               static_cast<long long>(c.h), static_cast<long long>(plan.chunks),
-              static_cast<long long>(plan.chunk_rows), plan.scratch.bytes(), plan.budget);
+              static_cast<long long>(plan.chunk_rows),
+              plan.hold ? ", gradients held for one grad_W GEMM" : "",
+              plan.scratch.bytes(), plan.budget);
   return plan;
 }
 

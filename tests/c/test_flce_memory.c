@@ -199,6 +199,98 @@ static void test_one_chunk_needs_no_accumulator(void **state) {
   assert_ok(osft_context_destroy(ctx));
 }
 
+/* ---- the fixed cost of a chunk, from the "flce: counts:" debug line */
+
+typedef struct {
+  long long chunks, calls, conversions, converted, vh_passes, waits, allocations;
+  int held, lines;
+} flce_counts;
+
+static void flce_counts_sink(void *user, osft_log_level_t level, const char *message) {
+  (void)level;
+  flce_counts *k = user;
+  const char *p = strstr(message, "flce: counts: ");
+  if (p == NULL) return;
+  flce_counts n = {0};
+  n.held = strstr(p, "(held)") != NULL;
+  const char *q = strstr(p, "chunk(s)");
+  q = q != NULL ? strchr(q, ':') : NULL;
+  if (sscanf(p, "flce: counts: %lld", &n.chunks) != 1 || q == NULL ||
+      sscanf(q + 1,
+             " %lld calls, %lld conversions (%lld elements), %lld V x H passes, %lld "
+             "host waits, %lld allocations",
+             &n.calls, &n.conversions, &n.converted, &n.vh_passes, &n.waits,
+             &n.allocations) != 6)
+    return;
+  n.lines = k->lines + 1;
+  *k = n;
+}
+
+/* Runs a case (every output checked against the float64 reference) and
+ * returns what the call counted. */
+static flce_counts counted_case(osft_context_t ctx, const flce_case *c) {
+  flce_counts k = {0};
+  assert_ok(osft_set_log_callback(flce_counts_sink, &k, OSFT_LOG_DEBUG));
+  run_case(ctx, c);
+  assert_ok(osft_set_log_callback(NULL, NULL, OSFT_LOG_OFF));
+  assert_int_equal(k.lines, 1);
+  return k;
+}
+
+/* A chunk pays no fixed cost beyond its own launches: with bf16 gradients
+ * and the fp32 accumulator, where the held gradients take no more scratch
+ * than the V x H accumulator, more chunks add no pass over a V x H buffer,
+ * no wait, no allocation and no conversion of anything but the chunk's own
+ * rows, and grad_W is written once. Numerics are checked throughout
+ * (class weights, smoothing, bf16 bias, accumulation included). */
+static void test_chunk_overhead(void **state) {
+  flce_case c = base_case(32, 256, 40, TT_BF16);
+  c.bias = 1;
+  c.bias_dtype = TT_BF16;
+  c.grad_b_dtype = TT_BF16;
+  c.class_weights = 1;
+  c.smoothing = 0.1;
+  test_seed("chunk overhead");
+  c.chunk_rows = 8;
+  const flce_counts four = counted_case(CTX, &c);
+  c.chunk_rows = 4;
+  const flce_counts eight = counted_case(CTX, &c);
+  assert_int_equal(four.chunks, 4);
+  assert_int_equal(eight.chunks, 8);
+  assert_true(four.held && eight.held);
+  const long long d = eight.chunks - four.chunks;
+  /* logits GEMM, row pass, grad_x GEMM (+ widening x without bf16 GEMMs) */
+  assert_true(eight.calls - four.calls <= 4 * d);
+  assert_int_equal(eight.vh_passes, four.vh_passes);
+  /* grad_W written once (+ reading W and writing its fp32 copy on the CPU) */
+  assert_true(eight.vh_passes <= 3);
+  assert_int_equal(eight.waits, four.waits);
+  assert_true(eight.waits <= 1);
+  assert_int_equal(eight.allocations, 1);
+  assert_int_equal(four.allocations, 1);
+  /* per chunk only x's and grad_x's rows: the same elements in all */
+  assert_int_equal(eight.converted, four.converted);
+  /* the same, overwriting and accumulating, and in one chunk */
+  c.accumulate = OSFT_FLCE_ACCUMULATE_GRAD_WEIGHT | OSFT_FLCE_ACCUMULATE_GRAD_BIAS |
+                 OSFT_FLCE_ACCUMULATE_GRAD_X;
+  const flce_counts acc = counted_case(CTX, &c);
+  assert_true(acc.held);
+  assert_true(acc.vh_passes <= 4); /* grad_W read and written once */
+  c.accumulate = 0;
+  c.chunk_rows = 0;
+  const flce_counts one = counted_case(CTX, &c);
+  assert_int_equal(one.chunks, 1);
+  assert_false(one.held);
+  /* reduction NONE with per-token upstream gradients, ignored tokens, fp32 x */
+  flce_case n = base_case(24, 128, 20, TT_F32);
+  n.grad_w_dtype = TT_F32;
+  n.reduction = OSFT_FLCE_NONE;
+  n.upstream = 1;
+  n.chunk_rows = 5;
+  n.budget = 0;
+  counted_case(CTX, &n);
+}
+
 int main(void) {
   if (!tt_device_present()) return OSFT_TEST_SKIP;
   const struct CMUnitTest tests[] = {
@@ -207,6 +299,7 @@ int main(void) {
       cmocka_unit_test(test_refused_staging_still_computes),
       cmocka_unit_test(test_every_refusal_is_clean),
       cmocka_unit_test(test_one_chunk_needs_no_accumulator),
+      cmocka_unit_test_setup_teardown(test_chunk_overhead, tt_setup, tt_teardown),
   };
   return cmocka_run_group_tests_name("flce_memory", tests, NULL, NULL);
 }
