@@ -2,10 +2,11 @@
  * bench_qr — batched QR for SOAP/Shampoo eigenbases, side by side in one
  * run with the one-at-a-time loop it must beat.
  *
- * The list is what SOAP refreshes per step for a 12-layer model with
- * hidden size H = 1024 and MLP size F = 4096: per layer 4 Kronecker
- * factors of H x H and 4 of F x F, 96 fp32 QRs in all, each dimension
- * divided by --scale (default 8 on the CPU: 128 and 512; 1 on CUDA).
+ * The default list approximates what SOAP refreshes per step for a
+ * 12-layer model with hidden size H = 1024 and MLP size F = 4096: per
+ * layer 4 Kronecker factors of H x H and 4 of F x F, 96 fp32 QRs in all,
+ * each dimension divided by --scale (default 8 on the CPU: 128 and 512; 1
+ * on CUDA); --workload gives the exact list (below).
  *
  *   loop      one matrix at a time, as a plain optimizer does it: LAPACK
  *             sgeqrf + sorgqr in place (OpenBLAS with its own threads) on
@@ -18,8 +19,29 @@
  *             against osft_qr_batch alone (PyTorch's power step is in
  *             bench/gpu/peers_torch.py).
  *
- *   bench_qr [--scale S] [--layers L] [--reps R] [--device cpu|cuda]
- *            [--power] [--settle MS] [--csv FILE]
+ *   bench_qr [--workload soap-gpt2-1024|soap-gpt2-2048] [--scale S]
+ *            [--layers L] [--reps R] [--device cpu|cuda] [--power]
+ *            [--settle MS] [--csv FILE]
+ *
+ * --workload soap-gpt2-H: the list of NeMo Emerging-Optimizers PR 118 (SOAP
+ * on a 12-layer GPT-2-style model, hidden H, MLP 4H): per layer the two
+ * Kronecker factors of c_attn (H x 3H), attn c_proj (H x H), c_fc
+ * (H x 4H) and mlp c_proj (4H x H), i.e. square QRs of H, 3H, H, H, H, 4H,
+ * 4H, H (96 in all; dimensions divided by --scale, default 1 on CUDA and 8
+ * on the CPU), on SOAP's own inputs: P Q with P = U diag(lambda) U^T a
+ * symmetric positive definite factor with the power-law spectrum
+ * lambda_k = (1 + k)^-alpha, alpha = ln(kappa) / ln(n) (so kappa(P) =
+ * kappa, fast decay from the top), kappa = 1e4, 1e5, 1e6, 1e7 in turn
+ * along the list, U a random orthogonal (LAPACK QR of a uniform random
+ * matrix, fp64) and Q = a row permutation of U, then rows and columns
+ * permuted at random per matrix (P' = Pi P Pi^T, Q' = Pi Q Pi2: still a
+ * PSD factor times an orthogonal matrix). Built in fp64, stored in fp32.
+ * With --power the pairs are (P', Q'), SOAP's refresh Q <- qr(P Q).
+ * bench/gpu/peers_qr_torch.py builds the same inputs for PyTorch. Without
+ * --workload: the older list (4 of H^2 + 4 of 4H^2 per layer, uniform
+ * random entries). Every osft variant then reports how many matrices fell
+ * back to Householder and, for the 8 matrices of the first layer, the
+ * largest ||Q^T Q - I||_F (fp64).
  *
  * --settle MS pauses (untimed) before each run: by default the runs follow
  * each other, so each starts while OpenBLAS's threads from the previous
@@ -57,18 +79,26 @@ static void fill(float *p, size_t n, unsigned seed) {
 typedef struct {
   int count;
   int dims[MAX_MATS];
-  size_t offset[MAX_MATS]; /* in floats, into one allocation */
-  size_t total;            /* floats */
-  float *pristine;         /* the inputs, never modified */
-  float *work;             /* what each run factors in place */
-  float *factor;           /* power iteration: the A of each pair */
+  size_t offset[MAX_MATS];   /* in floats, into one allocation */
+  size_t total;              /* floats */
+  float *pristine;           /* the inputs, never modified */
+  float *work;               /* what each run factors in place */
+  float *factor;             /* power iteration: the A of each pair */
+  float *qstart;             /* --workload: power iteration's starting Q */
+  int kappa_class[MAX_MATS]; /* --workload: kappa = 10^(4 + class) */
 } problem;
 
-static void problem_make(problem *p, int layers, int hidden, int mlp) {
+/* Per layer, the sides of the 8 Kronecker factors in units of H/4 (SOAP's
+ * GPT-2 list: c_attn H x 3H, attn c_proj H x H, c_fc H x 4H, mlp c_proj
+ * 4H x H), or 0 for the default list. */
+static const int kSoapQuarters[8] = {4, 12, 4, 4, 4, 16, 16, 4};
+
+static void problem_make(problem *p, int layers, int hidden, int mlp, int soap) {
   memset(p, 0, sizeof *p);
   for (int l = 0; l < layers; ++l)
     for (int k = 0; k < 8 && p->count < MAX_MATS; ++k) {
-      const int d = k % 2 == 0 ? hidden : mlp;
+      const int d = soap ? kSoapQuarters[k] * hidden / 4 : k % 2 == 0 ? hidden : mlp;
+      p->kappa_class[p->count] = p->count % 4;
       p->dims[p->count] = d;
       p->offset[p->count] = p->total;
       p->total += (size_t)d * d;
@@ -76,7 +106,157 @@ static void problem_make(problem *p, int layers, int hidden, int mlp) {
     }
   p->pristine = xmalloc(p->total * sizeof(float));
   p->work = xmalloc(p->total * sizeof(float));
-  fill(p->pristine, p->total, 12345u);
+  if (!soap) fill(p->pristine, p->total, 12345u);
+}
+
+/* ---------------------------------------------------- SOAP-like inputs */
+
+/* ln, exp and sqrt to ~1e-15 without libm (the benchmarks link none). */
+static double bench_ln(double x) { /* x > 0 */
+  double k = 0;
+  while (x > 1.5) x *= 0.5, k += 1;
+  while (x < 0.75) x *= 2.0, k -= 1;
+  const double z = (x - 1) / (x + 1), z2 = z * z; /* ln x = 2 atanh z */
+  double term = z, sum = 0;
+  for (int i = 1; i < 60; i += 2, term *= z2) sum += term / i;
+  return 2 * sum + k * 0.69314718055994530942;
+}
+
+static double bench_exp(double x) {
+  const double k = (double)(long)(x / 0.69314718055994530942);
+  const double r = x - k * 0.69314718055994530942;
+  double term = 1, sum = 1;
+  for (int i = 1; i < 30; ++i) sum += (term *= r / i);
+  for (long i = 0; i < (long)k; ++i) sum *= 2;
+  for (long i = 0; i < -(long)k; ++i) sum *= 0.5;
+  return sum;
+}
+
+static double bench_sqrt(double x) {
+  if (!(x > 0)) return x == 0 ? 0 : x; /* NaN stays NaN */
+  double y = x > 1 ? x : 1;
+  for (int i = 0; i < 200 && y * y - x > 1e-16 * x; ++i) y = 0.5 * (y + x / y);
+  return y;
+}
+
+static unsigned soap_rand(unsigned *state) {
+  *state = *state * 1664525u + 1013904223u;
+  return *state >> 8;
+}
+
+/* A random permutation of n (Fisher-Yates). */
+static void soap_permutation(int *perm, int n, unsigned *state) {
+  for (int i = 0; i < n; ++i) perm[i] = i;
+  for (int i = n - 1; i > 0; --i) {
+    const int j = (int)(soap_rand(state) % (unsigned)(i + 1)), t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+}
+
+/* u (n x n) = a random orthogonal matrix: Q of a uniform random one. */
+static void soap_orthogonal(double *u, int n, unsigned *state) {
+  for (size_t i = 0; i < (size_t)n * n; ++i)
+    u[i] = (double)soap_rand(state) / 16777216.0 - 0.5;
+  double *tau = xmalloc(sizeof(double) * (size_t)n), query = 0;
+  int lwork = -1, info = 0;
+  LAPACK_dgeqrf(&n, &n, u, &n, tau, &query, &lwork, &info);
+  lwork = (int)query + n;
+  double *work = xmalloc(sizeof(double) * (size_t)lwork);
+  LAPACK_dgeqrf(&n, &n, u, &n, tau, work, &lwork, &info);
+  if (info == 0) LAPACK_dorgqr(&n, &n, &n, u, &n, tau, work, &lwork, &info);
+  if (info != 0) {
+    fprintf(stderr, "LAPACK info %d building the inputs\n", info);
+    exit(1);
+  }
+  free(tau);
+  free(work);
+}
+
+/* out (fp32, n x n) = src with rows and columns permuted:
+ * out[r][c] = src[rows[r]][cols[c]]. */
+static void soap_permuted(float *out, const double *src, int n, const int *rows,
+                          const int *cols) {
+  for (int r = 0; r < n; ++r)
+    for (int c = 0; c < n; ++c)
+      out[(size_t)r * n + c] = (float)src[(size_t)rows[r] * n + cols[c]];
+}
+
+/* Scratch of one size: U, Q0 = a row permutation of U, B = U^T Q0, U
+ * diag(lambda), and A = U diag(lambda) B = P Q0 (and P), all n x n fp64. */
+typedef struct {
+  int n;
+  double *u, *q0, *b, *ul, *a, *pf;
+  int *perm, *perm2;
+} soap_size;
+
+/* The matrices of size n and kappa class k: A_i = Pi A Pi2 (and the pair
+ * Pi P Pi^T, Pi Q0 Pi2 for --power). */
+static void soap_class(problem *p, soap_size *z, int k, int power, unsigned *state) {
+  const int n = z->n;
+  const double ln_kappa = (4 + k) * bench_ln(10.0);
+  const double alpha = n > 1 ? ln_kappa / bench_ln((double)n) : 0;
+  for (int c = 0; c < n; ++c) {
+    const double lambda = bench_exp(-alpha * bench_ln(1.0 + c));
+    for (int r = 0; r < n; ++r)
+      z->ul[(size_t)r * n + c] = z->u[(size_t)r * n + c] * lambda;
+  }
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0, z->ul, n, z->b, n,
+              0.0, z->a, n);
+  if (power)
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0, z->ul, n, z->u, n,
+                0.0, z->pf, n);
+  for (int i = 0; i < p->count; ++i) {
+    if (p->dims[i] != n || p->kappa_class[i] != k) continue;
+    soap_permutation(z->perm, n, state);
+    soap_permutation(z->perm2, n, state);
+    soap_permuted(p->pristine + p->offset[i], z->a, n, z->perm, z->perm2);
+    if (!power) continue;
+    soap_permuted(p->factor + p->offset[i], z->pf, n, z->perm, z->perm);
+    soap_permuted(p->qstart + p->offset[i], z->q0, n, z->perm, z->perm2);
+  }
+}
+
+static void soap_inputs(problem *p, int power) {
+  unsigned state = 2024u;
+  if (power) {
+    p->factor = xmalloc(p->total * sizeof(float));
+    p->qstart = xmalloc(p->total * sizeof(float));
+  }
+  for (int i = 0; i < p->count; ++i) {
+    int seen = 0;
+    for (int j = 0; j < i; ++j) seen |= p->dims[j] == p->dims[i];
+    if (seen) continue;
+    soap_size z;
+    const int n = z.n = p->dims[i];
+    const size_t bytes = sizeof(double) * (size_t)n * n;
+    z.u = xmalloc(bytes), z.q0 = xmalloc(bytes), z.b = xmalloc(bytes);
+    z.ul = xmalloc(bytes), z.a = xmalloc(bytes), z.pf = power ? xmalloc(bytes) : NULL;
+    z.perm = xmalloc(sizeof(int) * (size_t)n), z.perm2 = xmalloc(sizeof(int) * (size_t)n);
+    soap_orthogonal(z.u, n, &state);
+    soap_permutation(z.perm, n, &state);
+    for (int r = 0; r < n; ++r)
+      memcpy(z.q0 + (size_t)r * n, z.u + (size_t)z.perm[r] * n, sizeof(double) * n);
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, n, n, 1.0, z.u, n, z.q0, n,
+                0.0, z.b, n);
+    for (int k = 0; k < 4; ++k) soap_class(p, &z, k, power, &state);
+    free(z.u), free(z.q0), free(z.b), free(z.ul), free(z.a), free(z.pf);
+    free(z.perm), free(z.perm2);
+  }
+}
+
+/* ||Q^T Q - I||_F in fp64 of the n x n fp32 q (row-major). */
+static double orthogonality_error(const float *q, int n, double *x, double *g) {
+  for (size_t i = 0; i < (size_t)n * n; ++i) x[i] = q[i];
+  /* column-major, x is Q^T: Q^T Q = x x^T */
+  cblas_dsyrk(CblasColMajor, CblasUpper, CblasNoTrans, n, n, 1.0, x, n, 0.0, g, n);
+  double sum = 0;
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i <= j; ++i) {
+      const double v = g[i + (size_t)j * n] - (i == j);
+      sum += (i == j ? 1.0 : 2.0) * v * v;
+    }
+  return bench_sqrt(sum);
 }
 
 static void restore(problem *p) {
@@ -181,7 +361,9 @@ typedef struct {
   void *arg;
   double t[MAX_REPS];
   double median;
-  double ratio; /* median over rounds of (reference's time / this one's) */
+  double ratio;  /* median over rounds of (reference's time / this one's) */
+  int fallbacks; /* matrices the library redid with Householder */
+  double orth;   /* the largest ||Q^T Q - I||_F of the first layer's 8 */
 } variant;
 
 /* Untimed pause before each timed run (--settle), so that OpenBLAS's
@@ -238,6 +420,8 @@ typedef struct {
 
 static void sync_device(const run_args *r);
 static void prepare_inputs(void *arg);
+/* Copies `count` floats of the device list at `offset` to host memory. */
+static void fetch_device(float *host, size_t offset, size_t count);
 
 static void run_loop(void *arg);
 static void run_osft(void *arg) {
@@ -334,6 +518,15 @@ static void sync_device(const run_args *r) {
   if (r->cuda) CHECK(osft_context_synchronize(r->ctx));
 }
 
+static void fetch_device(float *host, size_t offset, size_t count) {
+#ifdef BENCH_QR_CUDA
+  CUDA_CHECK(cudaMemcpy(host, g_cuda.work + offset, count * sizeof(float),
+                        cudaMemcpyDeviceToHost));
+#else
+  (void)host, (void)offset, (void)count;
+#endif
+}
+
 static void prepare_inputs(void *arg) {
   run_args *r = arg;
 #ifdef BENCH_QR_CUDA
@@ -357,15 +550,17 @@ static void run_loop(void *arg) {
 /* ---------------------------------------------------------------- main */
 
 /* Prints the variants (the first is the reference) and their CSV rows. */
+static const char *g_workload = "default";
+
 static void report(FILE *csv, const char *device, int scale, const problem *p,
                    const variant *v, int n, int hidden, int mlp, int reps) {
   for (int i = 0; i < n; ++i) {
-    printf("%-42s %9.1f %9.1f %9.1f %8.2fx\n", v[i].name, v[i].median, v[i].t[0],
-           v[i].t[reps - 1], v[i].ratio);
+    printf("%-42s %9.1f %9.1f %9.1f %8.2fx %9d %10.2e\n", v[i].name, v[i].median,
+           v[i].t[0], v[i].t[reps - 1], v[i].ratio, v[i].fallbacks, v[i].orth);
     if (csv)
-      fprintf(csv, "%s,%d,%d,%d,%d,%s,%.3f,%.3f,%.3f,%.4f\n", device, scale, p->count,
-              hidden, mlp, v[i].name, v[i].median, v[i].t[0], v[i].t[reps - 1],
-              v[i].ratio);
+      fprintf(csv, "%s,%s,%d,%d,%d,%d,%s,%.3f,%.3f,%.3f,%.4f,%d,%.3e\n", device,
+              g_workload, scale, p->count, hidden, mlp, v[i].name, v[i].median, v[i].t[0],
+              v[i].t[reps - 1], v[i].ratio, v[i].fallbacks, v[i].orth);
   }
 }
 
@@ -378,26 +573,57 @@ static run_args osft_args(const run_args *base, osft_qr_method_t method, int wor
   return r;
 }
 
-/* The library's own count of CholeskyQR2 fall-backs (logged at debug
- * level): how many matrices the check sent back to Householder. */
-static void print_fallbacks(void *user, osft_log_level_t level, const char *message) {
+/* The library's own count of fall-backs to Householder (logged at debug
+ * level, "qr: K of N matrices fell back to Householder"). */
+static int g_fallbacks = 0;
+
+static void count_fallbacks(void *user, osft_log_level_t level, const char *message) {
   (void)user;
   (void)level;
-  if (strstr(message, "fell back") != NULL) printf("# cholesky_qr2: %s\n", message);
+  const char *at = strstr(message, "qr: ");
+  size_t k = 0, total = 0;
+  if (at && sscanf(at, "qr: %zu of %zu matrices fell back", &k, &total) == 2)
+    g_fallbacks += (int)k;
 }
 
-static void report_fallbacks(variant *cholesky) {
-  CHECK(osft_set_log_callback(print_fallbacks, NULL, OSFT_LOG_DEBUG));
-  cholesky->prepare(cholesky->arg);
-  cholesky->run(cholesky->arg);
+/* One more (untimed) run of v: its fall-backs, and the orthogonality of
+ * the first layer's Q (the list is factored in place). */
+static void verify(variant *v, const problem *p, int cuda) {
+  g_fallbacks = 0;
+  CHECK(osft_set_log_callback(count_fallbacks, NULL, OSFT_LOG_DEBUG));
+  v->prepare(v->arg);
+  v->run(v->arg);
   CHECK(osft_set_log_callback(NULL, NULL, OSFT_LOG_OFF));
+  v->fallbacks = g_fallbacks;
+  const int checked = p->count < 8 ? p->count : 8;
+  int nmax = 1;
+  for (int i = 0; i < checked; ++i)
+    if (p->dims[i] > nmax) nmax = p->dims[i];
+  float *q = cuda ? xmalloc(sizeof(float) * (size_t)nmax * nmax) : NULL;
+  double *x = xmalloc(sizeof(double) * (size_t)nmax * nmax);
+  double *g = xmalloc(sizeof(double) * (size_t)nmax * nmax);
+  v->orth = 0;
+  for (int i = 0; i < checked; ++i) {
+    const int n = p->dims[i];
+    const float *qi = p->work + p->offset[i];
+    if (cuda) {
+      fetch_device(q, p->offset[i], (size_t)n * n);
+      qi = q;
+    }
+    const double e = orthogonality_error(qi, n, x, g);
+    if (!(e <= v->orth)) v->orth = e; /* NaN wins */
+  }
+  free(q);
+  free(x);
+  free(g);
 }
 
 /* osft_qr_power_iteration timed against `reference` (reported first). */
 static void time_power(variant reference, const problem *p, const run_args *r, FILE *csv,
                        const char *device, int scale, int hidden, int mlp, int reps) {
   run_args pw = osft_args(r, OSFT_QR_HOUSEHOLDER, 0);
-  variant pv[2] = {
+  run_args pc = osft_args(r, OSFT_QR_CHOLESKY_QR2, 0);
+  variant pv[3] = {
       reference,
       {"power step: osft_qr_power_iteration",
        run_power_osft,
@@ -405,10 +631,26 @@ static void time_power(variant reference, const problem *p, const run_args *r, F
        &pw,
        {0},
        0},
+      {"power step: osft_qr_power_iteration chol",
+       run_power_osft,
+       prepare_inputs,
+       &pc,
+       {0},
+       0},
   };
-  time_variants(pv, 2, reps);
+  time_variants(pv, 3, reps);
+  for (int i = 0; i < 3; ++i) verify(&pv[i], p, r->cuda);
   printf("\n");
-  report(csv, device, scale, p, pv, 2, hidden, mlp, reps);
+  report(csv, device, scale, p, pv, 3, hidden, mlp, reps);
+}
+
+/* --workload: the power pairs are (P, Q) as built, the start Q in place of
+ * the QR list's inputs. */
+static void use_power_inputs(problem *p) {
+  if (!p->qstart) return;
+  float *t = p->pristine;
+  p->pristine = p->qstart;
+  p->qstart = t;
 }
 
 /* The power step Q <- qr(A Q) for the 96 pairs (A_i a fixed random matrix,
@@ -416,8 +658,11 @@ static void time_power(variant reference, const problem *p, const run_args *r, F
  * osft_qr_power_iteration. */
 static void power_cpu(problem *p, run_args *r, tensors *T, FILE *csv, int scale,
                       int hidden, int mlp, int reps) {
-  p->factor = xmalloc(p->total * sizeof(float));
-  fill(p->factor, p->total, 777u);
+  if (!p->factor) {
+    p->factor = xmalloc(p->total * sizeof(float));
+    fill(p->factor, p->total, 777u);
+  }
+  use_power_inputs(p);
   tensors_make(T, p, p->work, p->factor, kDLCPU);
   int nmax = 0;
   for (int i = 0; i < p->count; ++i)
@@ -431,7 +676,6 @@ static void power_cpu(problem *p, run_args *r, tensors *T, FILE *csv, int scale,
                         0};
   time_power(loop, p, r, csv, "cpu", scale, hidden, mlp, reps);
   free(r->scratch);
-  free(p->factor);
 }
 
 #ifdef BENCH_QR_CUDA
@@ -440,11 +684,17 @@ static void power_cpu(problem *p, run_args *r, tensors *T, FILE *csv, int scale,
  * PyTorch's power step on the same shapes). */
 static void power_cuda(problem *p, run_args *r, tensors *T, FILE *csv, int scale,
                        int hidden, int mlp, int reps) {
-  float *host = xmalloc(p->total * sizeof(float)), *factor = NULL;
-  fill(host, p->total, 777u);
+  float *host = p->factor, *factor = NULL;
+  if (!host) {
+    host = xmalloc(p->total * sizeof(float));
+    fill(host, p->total, 777u);
+  }
   CUDA_CHECK(cudaMalloc((void **)&factor, p->total * sizeof(float)));
   CUDA_CHECK(cudaMemcpy(factor, host, p->total * sizeof(float), cudaMemcpyHostToDevice));
-  free(host);
+  if (host != p->factor) free(host);
+  use_power_inputs(p);
+  CUDA_CHECK(cudaMemcpy(g_cuda.pristine, p->pristine, p->total * sizeof(float),
+                        cudaMemcpyHostToDevice));
   tensors_make(T, p, g_cuda.work, factor, kDLCUDA);
   run_args qr = osft_args(r, OSFT_QR_HOUSEHOLDER, 0);
   const variant qr_only = {
@@ -454,64 +704,57 @@ static void power_cuda(problem *p, run_args *r, tensors *T, FILE *csv, int scale
 }
 #endif
 
-int main(int argc, char **argv) {
-  int scale = 0, layers = 12, reps = 5, cuda = 0, power = 0;
-  const char *csv_path = NULL;
+typedef struct {
+  int scale, layers, reps, cuda, power, soap_hidden;
+  const char *csv_path;
+} bench_args;
+
+static int parse_args(int argc, char **argv, bench_args *a) {
+  memset(a, 0, sizeof *a);
+  a->layers = 12, a->reps = 5;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--scale") && i + 1 < argc)
-      scale = atoi(argv[++i]);
+      a->scale = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--layers") && i + 1 < argc)
-      layers = atoi(argv[++i]);
+      a->layers = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-      reps = atoi(argv[++i]);
+      a->reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--csv") && i + 1 < argc)
-      csv_path = argv[++i];
+      a->csv_path = argv[++i];
     else if (!strcmp(argv[i], "--settle") && i + 1 < argc)
       g_settle_ms = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--power"))
-      power = 1;
+      a->power = 1;
     else if (!strcmp(argv[i], "--device") && i + 1 < argc)
-      cuda = !strcmp(argv[++i], "cuda");
-    else {
+      a->cuda = !strcmp(argv[++i], "cuda");
+    else if (!strcmp(argv[i], "--workload") && i + 1 < argc &&
+             (!strcmp(argv[i + 1], "soap-gpt2-1024") ||
+              !strcmp(argv[i + 1], "soap-gpt2-2048") ||
+              !strcmp(argv[i + 1], "default"))) {
+      g_workload = argv[++i];
+      a->soap_hidden = !strcmp(g_workload, "default") ? 0 : atoi(g_workload + 10);
+    } else {
       fprintf(stderr,
-              "usage: %s [--scale S] [--layers L] [--reps R] [--device cpu|cuda] "
-              "[--power] [--settle MS] [--csv FILE]\n",
+              "usage: %s [--workload soap-gpt2-1024|soap-gpt2-2048] [--scale S] "
+              "[--layers L] [--reps R] [--device cpu|cuda] [--power] [--settle MS] "
+              "[--csv FILE]\n",
               argv[0]);
       return 2;
     }
   }
 #ifndef BENCH_QR_CUDA
-  if (cuda) {
+  if (a->cuda) {
     fprintf(stderr, "this bench_qr was built without CUDA\n");
     return 2;
   }
 #endif
-  if (scale < 1) scale = cuda ? 1 : 8;
-  if (reps < 1 || reps > MAX_REPS) reps = 5;
-  if (layers < 1 || layers * 8 > MAX_MATS) layers = 12;
-  const int hidden = 1024 / scale, mlp = 4096 / scale;
+  if (a->scale < 1) a->scale = a->cuda ? 1 : 8;
+  if (a->reps < 1 || a->reps > MAX_REPS) a->reps = 5;
+  if (a->layers < 1 || a->layers * 8 > MAX_MATS) a->layers = 12;
+  return 0;
+}
 
-  problem p;
-  problem_make(&p, layers, hidden, mlp);
-  osft_context_options_t co;
-  CHECK(OSFT_CONTEXT_OPTIONS_INIT(&co));
-  co.device_type = cuda ? OSFT_DEVICE_CUDA : OSFT_DEVICE_CPU;
-  run_args r;
-  memset(&r, 0, sizeof r);
-  r.p = &p;
-  r.cuda = cuda;
-  CHECK(osft_context_create(&r.ctx, &co));
-  tensors *T = xmalloc(sizeof *T);
-  float *base = p.work;
-#ifdef BENCH_QR_CUDA
-  if (cuda) {
-    cuda_setup(&p);
-    base = g_cuda.work;
-  }
-#endif
-  tensors_make(T, &p, base, NULL, cuda ? kDLCUDA : kDLCPU);
-  r.T = T;
-
+static void print_header(const bench_args *a, const problem *p, int hidden, int mlp) {
   printf("# %s\n", osft_build_info());
   const char *timeout = getenv("OPENBLAS_THREAD_TIMEOUT");
   printf(
@@ -519,57 +762,101 @@ int main(int argc, char **argv) {
       openblas_get_num_threads(),
       timeout ? timeout : "(unset: idle OpenBLAS threads spin ~2^28 cycles)",
       g_settle_ms);
-  printf(
-      "# SOAP-like list: %d layers x (4 of %d^2 + 4 of %d^2) = %d fp32 QRs on %s; "
-      "%d rounds, variants interleaved\n",
-      layers, hidden, mlp, p.count, cuda ? "CUDA" : "the CPU", reps);
-  printf("%-42s %9s %9s %9s %9s\n", "variant", "median ms", "min ms", "max ms",
-         "speedup");
+  if (a->soap_hidden)
+    printf(
+        "# workload %s / scale %d: %d layers x (%d^2, %d^2, 3 x %d^2, 2 x %d^2, %d^2) = "
+        "%d fp32 QRs of P Q (kappa(P) 1e4..1e7) on %s; %d rounds, variants "
+        "interleaved\n",
+        g_workload, a->scale, a->layers, hidden, 3 * hidden, hidden, mlp, hidden,
+        p->count, a->cuda ? "CUDA" : "the CPU", a->reps);
+  else
+    printf(
+        "# SOAP-like list: %d layers x (4 of %d^2 + 4 of %d^2) = %d fp32 QRs on %s; "
+        "%d rounds, variants interleaved\n",
+        a->layers, hidden, mlp, p->count, a->cuda ? "CUDA" : "the CPU", a->reps);
+  printf("%-42s %9s %9s %9s %9s %9s %10s\n", "variant", "median ms", "min ms", "max ms",
+         "speedup", "fallbacks", "max orth");
+}
+
+/* The QR list: the loop against osft_qr_batch's variants. */
+static void time_batch(const bench_args *a, problem *p, run_args *r, FILE *csv,
+                       int hidden, int mlp) {
   run_args args[4] = {
-      osft_args(&r, OSFT_QR_HOUSEHOLDER, 0), osft_args(&r, OSFT_QR_HOUSEHOLDER, 1),
-      osft_args(&r, OSFT_QR_CHOLESKY_QR2, 0), osft_args(&r, OSFT_QR_CHOLESKY_QR2, 1)};
+      osft_args(r, OSFT_QR_HOUSEHOLDER, 0), osft_args(r, OSFT_QR_HOUSEHOLDER, 1),
+      osft_args(r, OSFT_QR_CHOLESKY_QR2, 0), osft_args(r, OSFT_QR_CHOLESKY_QR2, 1)};
   variant v[5] = {
-      {cuda ? "loop: cuSOLVER sgeqrf+sorgqr, one stream"
-            : "loop: LAPACK sgeqrf+sorgqr one at a time",
+      {a->cuda ? "loop: cuSOLVER sgeqrf+sorgqr, one stream"
+               : "loop: LAPACK sgeqrf+sorgqr one at a time",
        run_loop,
        prepare_inputs,
-       &r,
+       r,
        {0},
        0},
       {"osft_qr_batch householder", run_osft, prepare_inputs, &args[0], {0}, 0},
       {"osft_qr_batch householder, 1 worker", run_osft, prepare_inputs, &args[1], {0}, 0},
-      {"osft_qr_batch cholesky_qr2", run_osft, prepare_inputs, &args[2], {0}, 0},
-      {"osft_qr_batch cholesky_qr2, 1 worker",
-       run_osft,
-       prepare_inputs,
-       &args[3],
-       {0},
-       0},
+      {"osft_qr_batch cholesky", run_osft, prepare_inputs, &args[2], {0}, 0},
+      {"osft_qr_batch cholesky, 1 worker", run_osft, prepare_inputs, &args[3], {0}, 0},
   };
-  time_variants(v, 5, reps);
-  FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
+  time_variants(v, 5, a->reps);
+  for (int i = 0; i < 5; ++i) verify(&v[i], p, a->cuda);
+  report(csv, a->cuda ? "cuda" : "cpu", a->scale, p, v, 5, hidden, mlp, a->reps);
+}
+
+int main(int argc, char **argv) {
+  bench_args a;
+  if (parse_args(argc, argv, &a) != 0) return 2;
+  const int base_hidden = a.soap_hidden ? a.soap_hidden : 1024;
+  const int hidden = base_hidden / a.scale, mlp = 4 * base_hidden / a.scale;
+
+  problem p;
+  problem_make(&p, a.layers, hidden, mlp, a.soap_hidden != 0);
+  if (a.soap_hidden) {
+    const double t0 = now_ms();
+    soap_inputs(&p, a.power);
+    printf("# inputs built in %.1f s (host, fp64)\n", (now_ms() - t0) / 1e3);
+  }
+  osft_context_options_t co;
+  CHECK(OSFT_CONTEXT_OPTIONS_INIT(&co));
+  co.device_type = a.cuda ? OSFT_DEVICE_CUDA : OSFT_DEVICE_CPU;
+  run_args r;
+  memset(&r, 0, sizeof r);
+  r.p = &p;
+  r.cuda = a.cuda;
+  CHECK(osft_context_create(&r.ctx, &co));
+  tensors *T = xmalloc(sizeof *T);
+  float *base = p.work;
+#ifdef BENCH_QR_CUDA
+  if (a.cuda) {
+    cuda_setup(&p);
+    base = g_cuda.work;
+  }
+#endif
+  tensors_make(T, &p, base, NULL, a.cuda ? kDLCUDA : kDLCPU);
+  r.T = T;
+  print_header(&a, &p, hidden, mlp);
+  FILE *csv = a.csv_path ? fopen(a.csv_path, "w") : NULL;
   if (csv)
     fprintf(csv,
-            "device,scale,count,hidden,mlp,variant,median_ms,min_ms,max_ms,"
-            "median_round_speedup_vs_loop\n");
-  report(csv, cuda ? "cuda" : "cpu", scale, &p, v, 5, hidden, mlp, reps);
-  report_fallbacks(&v[3]);
-
-  if (power) {
+            "device,workload,scale,count,hidden,mlp,variant,median_ms,min_ms,max_ms,"
+            "median_round_speedup_vs_loop,fallbacks,max_orth_err_fro\n");
+  time_batch(&a, &p, &r, csv, hidden, mlp);
+  if (a.power) {
 #ifdef BENCH_QR_CUDA
-    if (cuda)
-      power_cuda(&p, &r, T, csv, scale, hidden, mlp, reps);
+    if (a.cuda)
+      power_cuda(&p, &r, T, csv, a.scale, hidden, mlp, a.reps);
     else
 #endif
-      power_cpu(&p, &r, T, csv, scale, hidden, mlp, reps);
+      power_cpu(&p, &r, T, csv, a.scale, hidden, mlp, a.reps);
   }
   if (csv) fclose(csv);
   CHECK(osft_context_destroy(r.ctx));
 #ifdef BENCH_QR_CUDA
-  if (cuda) cuda_teardown();
+  if (a.cuda) cuda_teardown();
 #endif
   free(T);
   free(p.pristine);
   free(p.work);
+  free(p.factor);
+  free(p.qstart);
   return 0;
 }

@@ -18,15 +18,19 @@
  *     enough to sit in one block's shared memory are factored together by
  *     one batched kernel).
  *     Backward stable at any condition number. The default.
- *   OSFT_QR_CHOLESKY_QR2  CholeskyQR applied twice (Gram matrix, Cholesky,
- *     triangular solve; all level-3 BLAS; for square matrices about twice
- *     Householder's flops). Meant for GPUs, where such kernels run far
- *     closer to peak than a Householder panel; on a 2-core CPU it measured
- *     slower than Householder. The first pass squares the condition
- *     number: it fails outright from kappa(A) ~ 1/sqrt(eps) (about 4e3 in
- *     fp32, 7e7 in fp64) and loses orthogonality before that. Each matrix
- *     is checked: if a Cholesky factorization fails, or the first pass's
- *     loss of orthogonality ||Q1^T Q1 - I||_F exceeds
+ *   OSFT_QR_CHOLESKY_QR2  the Cholesky path (all level-3 BLAS: Gram
+ *     matrix, Cholesky, triangular solve), meant for GPUs, where such
+ *     kernels run far closer to peak than a Householder panel; on a 2-core
+ *     CPU it measured slower than Householder. It is shifted CholeskyQR3
+ *     with every pass in fp64, fp32 inputs included (the first pass's Gram
+ *     matrix gets a shift of 11 (m n + n (n + 1)) u ||A||_F^2, u = 2^-53,
+ *     then two plain passes): unlike the CholeskyQR2 it is named after
+ *     (which fails in fp32 from kappa(A) ~ 1e3), it needs no fall-back up
+ *     to kappa ~ 1e11, so over the whole range an fp32 matrix can carry
+ *     (SOAP's products P Q reach 1e4 to 1e7), and its Q is orthonormal to
+ *     fp32 rounding. About 3x Householder's flops, in fp64. Each matrix is
+ *     checked: if a Cholesky factorization fails, or the loss of
+ *     orthogonality before the last pass, ||Q2^T Q2 - I||_F, exceeds
  *     opts->orthogonality_threshold, that matrix alone is redone with
  *     Householder (logged at OSFT_LOG_DEBUG). The result then meets the
  *     same accuracy as Householder. Small matrices on CUDA always use the
@@ -129,7 +133,8 @@ extern "C" {
 /** @brief How each matrix is factored. Values are fixed forever (ABI.md). */
 typedef enum osft_qr_method_e {
   OSFT_QR_HOUSEHOLDER = 0, /**< blocked Householder: stable, the default */
-  OSFT_QR_CHOLESKY_QR2 = 1 /**< CholeskyQR2, checked, Householder fall-back */
+  OSFT_QR_CHOLESKY_QR2 = 1 /**< shifted CholeskyQR3 in fp64, checked, Householder
+                              fall-back */
 } osft_qr_method_t;
 
 /**
@@ -142,11 +147,11 @@ typedef struct osft_qr_options_s {
   size_t struct_size; /**< sizeof(osft_qr_options_t) as compiled */
   /** Default OSFT_QR_HOUSEHOLDER. */
   osft_qr_method_t method;
-  /** OSFT_QR_CHOLESKY_QR2 only: the largest loss of orthogonality of the
-   * first pass, ||Q1^T Q1 - I||_F (Frobenius norm; Q1 = A R1^-1), that is
-   * still accepted. It is read from the second pass's Gram matrix at no
-   * extra cost. Below 1 it bounds kappa(Q1)^2 <= (1 + t) / (1 - t), and the
-   * second pass then restores orthogonality to the level of Householder
+  /** OSFT_QR_CHOLESKY_QR2 only: the largest loss of orthogonality before
+   * the last pass, ||Q2^T Q2 - I||_F (Frobenius norm; Q2 = A R1^-1 R2^-1),
+   * that is still accepted. It is read from the last pass's Gram matrix at
+   * no extra cost. Below 1 it bounds kappa(Q2)^2 <= (1 + t) / (1 - t), and
+   * the last pass then restores orthogonality to the level of Householder
    * (Yamamoto et al., 2015). Must be >= 0; 0 means the default 0.5. */
   double orthogonality_threshold;
   /** A matrix is reported rank-deficient (a per-matrix
