@@ -16,7 +16,9 @@
 #   5. The main job as the README runs it: .ci/example.sh, the continual
 #      fine-tuning trainer (.ci/stage_trainer.sh).
 #   6. The bindings against the installed library (build-release/prefix):
-#      Python (pytest, /usr/bin/python3 with Debian's torch), Go (go test,
+#      Python (pytest, /usr/bin/python3 with Debian's torch; then the
+#      self-contained wheel and its sdist on a current PyTorch from PyPI in
+#      a venv, with the transformers and PEFT tests), Go (go test,
 #      -race), Rust (cargo test --offline, bindgen drift), Julia (structural
 #      checks): .ci/stage_{python,go,rust,julia}.sh.
 #   7. Hostile input and concurrency: libFuzzer harnesses for a bounded time
@@ -120,6 +122,7 @@ fi
 stage "API reference + doc comments" bash .ci/stage_docs.sh
 stage "main job: the trainer (.ci/example.sh)" bash .ci/stage_trainer.sh
 stage "Python binding" bash .ci/stage_python.sh
+stage "Python package on PyPI PyTorch (wheel, HF, PEFT)" bash .ci/stage_python_torch2.sh
 stage "Go binding" bash .ci/stage_go.sh
 stage "Rust binding" bash .ci/stage_rust.sh
 stage "Julia package (structural)" bash .ci/stage_julia.sh

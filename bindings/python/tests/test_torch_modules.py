@@ -57,20 +57,34 @@ def test_osft_linear_matches_float64(gen, dtype, strategy):
         assert_close(y, lin(x.detach()), 1e-4, 1e-4 * scale, "y vs nn.Linear")
 
 
+def _has_fused_adamw():
+    try:
+        p = nn.Parameter(torch.zeros(2))
+        p.grad = torch.ones(2)
+        torch.optim.AdamW([p], fused=True).step()
+        return True
+    except (TypeError, RuntimeError, ValueError):
+        return False
+
+
 def test_osft_linear_parameters_are_used_in_place(gen):
     lin = nn.Linear(16, 12, bias=False)
     m = ot.OSFTLinear.from_linear(lin, 0.25)
     ptrs = [p.data_ptr() for p in (m.u_low, m.s_low, m.v_low)]
-    # the parameters are views of one U and one V^T (the high part first)
-    assert m.u_low.data_ptr() == m.u_high.data_ptr() + 4 * m.rank
+    # V_low is a row view of one V^T (the high part first); U's parts are
+    # compact tensors of their own (fused AdamW writes a non-compact
+    # parameter as if it were compact)
     assert m.v_low.data_ptr() == m.v_high.data_ptr() + 4 * m.rank * 16
-    opt = torch.optim.AdamW(m.parameters(), lr=0.05)
+    assert m.u_low.is_contiguous() and m.u_high.is_contiguous()
+    u_high = m.u_high.clone()
+    opt = torch.optim.AdamW(m.parameters(), lr=0.05, **({"fused": True} if _has_fused_adamw() else {}))
     x = rand(gen, 8, 16)
     for _ in range(3):
         opt.zero_grad()
         m(x).pow(2).sum().backward()
         opt.step()
     assert [p.data_ptr() for p in (m.u_low, m.s_low, m.v_low)] == ptrs
+    assert torch.equal(m.u_high, u_high)
     y = m(x)
     ry = _ref_flinear(m, x, torch.ones(8, 12))[0]  # the library saw the optimizer's in-place updates
     assert_close(y, ry, 1e-4, 1e-4 * ry.abs().max().item(), "y after AdamW")

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# CI stage: the Python package as a PyTorch user installs it, on a current
+# PyTorch from PyPI (the Debian-torch run is .ci/stage_python.sh).
+#
+#   1. a venv (build-pyvenv/, Debian's /usr/bin/python3) with PyTorch 2.x,
+#      transformers, peft and accelerate from PyPI (pip's cache serves the
+#      next run: the torch wheel and its CUDA libraries are large);
+#   2. `pip wheel .` from the repository root: the self-contained wheel
+#      (libosftrt built from src/ and bundled, $ORIGIN run path), and an
+#      sdist that builds a wheel too;
+#   3. the wheel installed into the venv, and pytest on bindings/python/tests
+#      (the Hugging Face and PEFT tests included), run from outside the tree;
+#   4. the wheel installed into a fresh venv outside the repository, with no
+#      environment variables: a smoke test of the import and one call.
+#
+# Usage: bash .ci/stage_python_torch2.sh [extra pytest args]
+#   OSFTRT_TORCH_SPEC   pip requirement for torch (default "torch>=2.4")
+#   OSFTRT_WHEEL_CUDA   OSFTRT_CUDA for the wheel's library (default OFF here:
+#                       CI has no GPU and the main stage compiles the CUDA code)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+venv=$root/build-pyvenv
+dist=$root/build-python/dist
+torch_spec=${OSFTRT_TORCH_SPEC:-torch>=2.4}
+cuda=${OSFTRT_WHEEL_CUDA:-OFF}
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+
+[[ -x $venv/bin/python ]] || /usr/bin/python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q -U pip
+"$venv/bin/python" -m pip install -q "$torch_spec" transformers peft accelerate pytest numpy scikit-build-core build
+"$venv/bin/python" - <<'PY'
+import torch, transformers, peft
+print("stage_python_torch2: torch %s, transformers %s, peft %s" % (torch.__version__, transformers.__version__, peft.__version__))
+PY
+
+rm -rf "$dist" && mkdir -p "$dist"
+settings=(--config-settings="cmake.define.OSFTRT_CUDA=$cuda")
+"$venv/bin/python" -m build --sdist --no-isolation --outdir "$dist" . >/dev/null
+"$venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps "${settings[@]}" -w "$dist" .
+sdist=$(ls "$dist"/osftrt-*.tar.gz)
+mkdir -p "$dist/from-sdist"
+"$venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps "${settings[@]}" -w "$dist/from-sdist" "$sdist"
+wheel=$(ls "$dist"/osftrt-*.whl)
+echo "stage_python_torch2: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB), sdist $(basename "$sdist") builds $(basename "$(ls "$dist"/from-sdist/*.whl)")"
+"$venv/bin/python" -m zipfile -l "$wheel" | grep -q "osftrt/libosftrt.so.1" || { echo "the wheel lacks osftrt/libosftrt.so.1" >&2; exit 1; }
+
+"$venv/bin/python" -m pip install -q --force-reinstall --no-deps "$wheel"
+cd "$root/bindings/python/tests"
+rc=0
+OPENBLAS_THREAD_TIMEOUT=4 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" . || rc=$?
+[[ $rc -eq 0 ]] || { echo "stage_python_torch2: pytest failed ($rc)" >&2; exit 1; }
+
+# A fresh venv outside the repository: the wheel alone, no variables set.
+smoke=$(mktemp -d)
+trap 'rm -rf "$smoke"' EXIT
+/usr/bin/python3 -m venv "$smoke/venv"
+"$smoke/venv/bin/python" -m pip install -q "$wheel" numpy
+cd "$smoke"
+env -i PATH=/usr/bin:/bin HOME="$smoke" "$smoke/venv/bin/python" - <<'PY'
+import os, numpy as np, osftrt
+here = os.path.dirname(osftrt.__file__)
+assert os.path.exists(os.path.join(here, "libosftrt.so.1")), os.listdir(here)
+a = [np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)]
+q, r, status = osftrt.batched_qr(a)
+assert status == [0] and np.allclose(q[0] @ r[0], a[0], atol=1e-5), status
+print("smoke: osftrt %s from %s (%s)" % (osftrt.version(), here, osftrt.build_info().splitlines()[0]))
+PY
+echo "stage_python_torch2: PASS"
