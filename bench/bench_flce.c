@@ -14,10 +14,21 @@
  * in bf16 over the chunks: Liger-Kernel's default), and with that
  * accumulator in Liger-Kernel's chunks ("liger": next_pow2(ceil(M /
  * ceil(V / H))) rows, so that a chunk's logits are about the size of x:
- * its memory, to compare speed at equal memory).
+ * its memory, to compare speed at equal memory), and at Liger-Kernel's
+ * memory ("mem": memory_budget = MEM MiB, default 64, of scratch beyond the
+ * gradients; the fp32 accumulator where it fits, else
+ * OSFT_FLCE_ACCUMULATOR_OUTPUT).
  *
  *   bench_flce [--device cpu|cuda] [--scale S] [--reps R] [--budget-div D]
- *              [--csv FILE]
+ *              [--mem-mib MEM] [--counts] [--dtype fp32|bf16] [--csv FILE]
+ *
+ * --dtype bf16 on the CPU gives the op bf16 x, W, grad_x and grad_W (the
+ * floor and the materialized baseline stay fp32 OpenBLAS): the path whose
+ * plan CUDA shares (fp32 accumulator, W widened once). *
+ * --counts prints, per shape and variant, the op's own count of what one
+ * call did ("flce: counts:" at OSFT_LOG_DEBUG: chunks, backend calls,
+ * conversions, passes over a V x H buffer, host waits, allocations) and
+ * whether its plan holds the gradients for one grad_W GEMM.
  *
  * CPU: fp32, OpenBLAS. CUDA (builds with OSFT_BENCH_CUDA): bf16 x, W, grad_x
  * and grad_W (fp32 accumulator), cuBLAS for the floor. Shapes: BT in {2048,
@@ -51,7 +62,10 @@ static float *fill(size_t n, float scale, unsigned seed) {
 
 typedef struct {
   int cuda; /* 0: CPU, fp32; 1: CUDA, bf16 */
+  int bf16; /* the op's x, W, grad_x, grad_W in bf16 (always on CUDA) */
   int m, h, v;
+  /* CPU with bf16: the op's bf16 copies (the floor stays fp32) */
+  uint16_t *xb, *wb, *dxb, *dwb;
   /* on the device: x, w (and dx, dw, g) in the compute dtype; logits fp32;
    * CUDA only: g, the floor's bf16 gradient, and dw32, its fp32 grad_W */
   void *x, *w, *logits, *g, *dx, *dw, *dw32;
@@ -61,9 +75,16 @@ typedef struct {
 } problem;
 
 /* Host buffers, moved to the GPU for CUDA problems. */
-static void problem_init(problem *p, int cuda, int m, int h, int v) {
+static uint16_t *bf16_copy(const float *f, size_t n) {
+  uint16_t *b = xmalloc(n * sizeof(uint16_t));
+  for (size_t i = 0; i < n; ++i) b[i] = to_bf16(f[i]);
+  return b;
+}
+
+static void problem_init(problem *p, int cuda, int bf16, int m, int h, int v) {
   memset(p, 0, sizeof *p);
   p->cuda = cuda;
+  p->bf16 = cuda || bf16;
   p->m = m;
   p->h = h;
   p->v = v;
@@ -80,6 +101,12 @@ static void problem_init(problem *p, int cuda, int m, int h, int v) {
     p->dw = dw;
     p->y = y;
     p->loss = xmalloc(sizeof(float));
+    if (p->bf16) {
+      p->xb = bf16_copy(x, (size_t)m * h);
+      p->wb = bf16_copy(w, (size_t)v * h);
+      p->dxb = bf16_copy(dx, (size_t)m * h);
+      p->dwb = bf16_copy(dw, (size_t)v * h);
+    }
     return;
   }
 #ifdef OSFT_BENCH_CUDA
@@ -110,6 +137,10 @@ static void problem_free(problem *p) {
   void *bufs[9] = {p->x, p->w, p->logits, p->g, p->dx, p->dw, p->dw32, p->y, p->loss};
   if (!p->cuda) {
     for (int i = 0; i < 9; ++i) free(bufs[i]);
+    free(p->xb);
+    free(p->wb);
+    free(p->dxb);
+    free(p->dwb);
     return;
   }
 #ifdef OSFT_BENCH_CUDA
@@ -189,6 +220,8 @@ static void materialized_cpu(problem *p) {
 typedef struct {
   osft_context_t ctx;
   osft_flce_t flce;
+  osft_flce_accumulator_t accumulator;
+  int held; /* the plan holds every chunk's gradient for one grad_W GEMM */
   osft_flce_inputs_t in;
   osft_flce_outputs_t out;
   DLTensor x, w, y, loss, dx, dw;
@@ -210,10 +243,30 @@ static DLTensor tensor(const problem *p, void *data, DLDataTypeCode code, int bi
   return t;
 }
 
+/* The op's debug lines ("flce: M = ..." from planning, "flce: counts: ..."
+ * after a call), caught while a bench_flce_catch() is active. */
+static char flce_plan_line[512], flce_counts_line[512];
+
+static void flce_log_sink(void *user, osft_log_level_t level, const char *message) {
+  (void)user;
+  (void)level;
+  if (!strncmp(message, "flce: M = ", 10))
+    snprintf(flce_plan_line, sizeof flce_plan_line, "%s", message);
+  else if (!strncmp(message, "flce: counts: ", 14))
+    snprintf(flce_counts_line, sizeof flce_counts_line, "%s", message);
+}
+
+static void flce_catch(int on) {
+  flce_plan_line[0] = flce_counts_line[0] = '\0';
+  CHECK(osft_set_log_callback(on ? flce_log_sink : NULL, NULL,
+                              on ? OSFT_LOG_DEBUG : OSFT_LOG_OFF));
+}
+
 /* The op on its own context, with a budget (0: default) and chunk rows (0:
- * from the budget). */
-static void setup_fused(fused_setup *f, problem *p, size_t budget, int64_t chunk_rows,
-                        osft_flce_accumulator_t accumulator) {
+ * from the budget); returns the status of planning the call. */
+static osft_status_t try_setup_fused(fused_setup *f, problem *p, size_t budget,
+                                     int64_t chunk_rows,
+                                     osft_flce_accumulator_t accumulator) {
   osft_context_options_t co;
   CHECK(OSFT_CONTEXT_OPTIONS_INIT(&co));
   co.device_type = p->cuda ? OSFT_DEVICE_CUDA : OSFT_DEVICE_CPU;
@@ -227,14 +280,15 @@ static void setup_fused(fused_setup *f, problem *p, size_t budget, int64_t chunk
   f->xs[0] = f->ys[0] = p->m;
   f->xs[1] = f->ws[1] = p->h;
   f->ws[0] = p->v;
-  const DLDataTypeCode fc = p->cuda ? kDLBfloat : kDLFloat;
-  const int fb = p->cuda ? 16 : 32;
-  f->x = tensor(p, p->x, fc, fb, 2, f->xs);
-  f->w = tensor(p, p->w, fc, fb, 2, f->ws);
+  const DLDataTypeCode fc = p->bf16 ? kDLBfloat : kDLFloat;
+  const int fb = p->bf16 ? 16 : 32;
+  const int host16 = p->bf16 && !p->cuda;
+  f->x = tensor(p, host16 ? (void *)p->xb : p->x, fc, fb, 2, f->xs);
+  f->w = tensor(p, host16 ? (void *)p->wb : p->w, fc, fb, 2, f->ws);
   f->y = tensor(p, p->y, kDLInt, 64, 1, f->ys);
   f->loss = tensor(p, p->loss, kDLFloat, 32, 0, NULL);
-  f->dx = tensor(p, p->dx, fc, fb, 2, f->xs);
-  f->dw = tensor(p, p->dw, fc, fb, 2, f->ws);
+  f->dx = tensor(p, host16 ? (void *)p->dxb : p->dx, fc, fb, 2, f->xs);
+  f->dw = tensor(p, host16 ? (void *)p->dwb : p->dw, fc, fb, 2, f->ws);
   CHECK(OSFT_FLCE_INPUTS_INIT(&f->in));
   CHECK(OSFT_FLCE_OUTPUTS_INIT(&f->out));
   f->in.x = &f->x;
@@ -244,12 +298,44 @@ static void setup_fused(fused_setup *f, problem *p, size_t budget, int64_t chunk
   f->out.grad_x = &f->dx;
   f->out.grad_weight = &f->dw;
   f->plan.struct_size = sizeof f->plan;
-  CHECK(osft_flce_get_plan(f->flce, &f->in, &f->out, &f->plan));
+  f->accumulator = accumulator;
+  flce_catch(1);
+  const osft_status_t st = osft_flce_get_plan(f->flce, &f->in, &f->out, &f->plan);
+  f->held = strstr(flce_plan_line, "held") != NULL;
+  flce_catch(0);
+  if (st != OSFT_STATUS_SUCCESS) {
+    CHECK(osft_flce_destroy(f->flce));
+    CHECK(osft_context_destroy(f->ctx));
+  }
+  return st;
+}
+
+static void setup_fused(fused_setup *f, problem *p, size_t budget, int64_t chunk_rows,
+                        osft_flce_accumulator_t accumulator) {
+  CHECK(try_setup_fused(f, p, budget, chunk_rows, accumulator));
+}
+
+/* Liger-Kernel's memory: `bytes` of scratch; the exact fp32 accumulator
+ * where a plan fits, else grad_W summed in its own dtype. */
+static void setup_mem(fused_setup *f, problem *p, size_t bytes) {
+  if (try_setup_fused(f, p, bytes, 0, OSFT_FLCE_ACCUMULATOR_FP32) == OSFT_STATUS_SUCCESS)
+    return;
+  setup_fused(f, p, bytes, 0, OSFT_FLCE_ACCUMULATOR_OUTPUT);
 }
 
 static void fused(fused_setup *f) {
   CHECK(osft_flce_compute(f->flce, &f->in, &f->out));
   CHECK(osft_context_synchronize(f->ctx));
+}
+
+/* One call with the op's counts printed. */
+static void print_counts(fused_setup *f, const problem *p, const char *name) {
+  flce_catch(1);
+  fused(f);
+  printf("# counts %d x %d x %d %-8s %s acc, %s\n", p->m, p->h, p->v, name,
+         f->accumulator == OSFT_FLCE_ACCUMULATOR_FP32 ? "fp32" : "output",
+         flce_counts_line[0] ? flce_counts_line + 6 : "(no counts line)");
+  flce_catch(0);
 }
 
 /* Peak memory of the op's context, in MiB. */
@@ -284,11 +370,11 @@ static size_t tight_budget(problem *p, int div) {
 
 /* -------------------------------------------------------------- timing */
 
-enum { GEMMS, MATERIALIZED, FUSED, TIGHT, OUT_ACC, LIGER, VARIANTS };
+enum { GEMMS, MATERIALIZED, FUSED, TIGHT, OUT_ACC, LIGER, MEM, VARIANTS };
 
 typedef struct {
   problem *p;
-  fused_setup *one_chunk, *def, *tight, *out_acc, *liger;
+  fused_setup *one_chunk, *def, *tight, *out_acc, *liger, *mem;
 } bench_case;
 
 /* Liger-Kernel's chunk rows for M tokens: next_pow2(ceil(M / ceil(V / H))). */
@@ -312,7 +398,8 @@ static void run_variant(bench_case *b, int variant) {
     case FUSED: fused(b->def); break;
     case TIGHT: fused(b->tight); break;
     case OUT_ACC: fused(b->out_acc); break;
-    default: fused(b->liger); break;
+    case LIGER: fused(b->liger); break;
+    default: fused(b->mem); break;
   }
 }
 
@@ -341,19 +428,26 @@ static void time_all(bench_case *b, int reps, double *out) {
 }
 
 /* One shape: every variant timed, the losses compared, a table row. */
-static void bench_shape(problem *p, int reps, int budget_div, FILE *csv) {
+static void bench_shape(problem *p, int reps, int budget_div, size_t mem_bytes,
+                        int counts, FILE *csv) {
   const int cuda = p->cuda;
   const double mxv_mib = (double)p->m * p->v * sizeof(float) / (1 << 20);
   const size_t tight = tight_budget(p, budget_div);
-  fused_setup one, def, tgt, out, lig;
+  fused_setup one, def, tgt, out, lig, mem;
   if (cuda) setup_fused(&one, p, SIZE_MAX / 2, p->m, OSFT_FLCE_ACCUMULATOR_FP32);
   setup_fused(&def, p, 0, 0, OSFT_FLCE_ACCUMULATOR_FP32);
   setup_fused(&tgt, p, tight, 0, OSFT_FLCE_ACCUMULATOR_FP32);
   setup_fused(&out, p, 0, 0, OSFT_FLCE_ACCUMULATOR_OUTPUT);
   setup_fused(&lig, p, SIZE_MAX / 2, liger_chunk_rows(p), OSFT_FLCE_ACCUMULATOR_OUTPUT);
-  bench_case b = {p, cuda ? &one : NULL, &def, &tgt, &out, &lig};
+  setup_mem(&mem, p, mem_bytes);
+  bench_case b = {p, cuda ? &one : NULL, &def, &tgt, &out, &lig, &mem};
   double t[VARIANTS];
   time_all(&b, reps, t);
+  if (counts) {
+    fused_setup *const all[5] = {&def, &tgt, &out, &lig, &mem};
+    const char *names[5] = {"default", "tight", "acc.out", "liger", "mem"};
+    for (int i = 0; i < 5; ++i) print_counts(all[i], p, names[i]);
+  }
   run_variant(&b, MATERIALIZED);
   const float loss_mat = loss_of(p);
   fused(&def);
@@ -362,6 +456,7 @@ static void bench_shape(problem *p, int reps, int budget_div, FILE *csv) {
     fprintf(stderr, "warning: loss %g (flce) vs %g (materialized)\n", loss, loss_mat);
   const double def_mib = peak_mib(&def, cuda), tgt_mib = peak_mib(&tgt, cuda);
   const double out_mib = peak_mib(&out, cuda), lig_mib = peak_mib(&lig, cuda);
+  const double mem_mib = peak_mib(&mem, cuda);
   printf(
       "%5d %5d %6d | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f | %6.3f %6.3f %6.3f %6.3f %6.2f "
       "| %8.1f %8.1f %8.1f %8.1f %8.1f | %lld x %lld; %lld x %lld; %lld x %lld\n",
@@ -371,27 +466,41 @@ static void bench_shape(problem *p, int reps, int budget_div, FILE *csv) {
       lig_mib, (long long)def.plan.chunks, (long long)def.plan.chunk_rows,
       (long long)tgt.plan.chunks, (long long)tgt.plan.chunk_rows,
       (long long)lig.plan.chunks, (long long)lig.plan.chunk_rows);
+  printf(
+      "%18s mem (%.0f MiB, %s acc.): %.1f ms, %.3f x gemms, peak %.1f MiB, %lld x "
+      "%lld%s\n",
+      "", (double)mem_bytes / (1 << 20),
+      mem.accumulator == OSFT_FLCE_ACCUMULATOR_FP32 ? "fp32" : "output", t[MEM],
+      t[MEM] / t[GEMMS], mem_mib, (long long)mem.plan.chunks,
+      (long long)mem.plan.chunk_rows, def.held ? "; default plan holds g" : "");
   fflush(stdout);
   if (csv)
     fprintf(csv,
             "%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f,%.2f,%.2f,%.2f,%.2f,%lld,"
-            "%lld,%lld,%lld,%.3f,%.4f,%.2f,%.3f,%.4f,%.2f,%lld\n",
+            "%lld,%lld,%lld,%.3f,%.4f,%.2f,%.3f,%.4f,%.2f,%lld,%.3f,%.4f,%.2f,%.2f,%lld,"
+            "%lld,%s,%d\n",
             cuda ? "cuda" : "cpu", p->m, p->h, p->v, t[GEMMS], t[MATERIALIZED], t[FUSED],
             t[TIGHT], t[FUSED] / t[GEMMS], t[TIGHT] / t[GEMMS],
             t[MATERIALIZED] / t[FUSED], mxv_mib, def_mib, tgt_mib,
             (double)tight / (1 << 20), (long long)def.plan.chunks,
             (long long)def.plan.chunk_rows, (long long)tgt.plan.chunks,
             (long long)tgt.plan.chunk_rows, t[OUT_ACC], t[OUT_ACC] / t[GEMMS], out_mib,
-            t[LIGER], t[LIGER] / t[GEMMS], lig_mib, (long long)lig.plan.chunk_rows);
+            t[LIGER], t[LIGER] / t[GEMMS], lig_mib, (long long)lig.plan.chunk_rows,
+            t[MEM], t[MEM] / t[GEMMS], mem_mib, (double)mem_bytes / (1 << 20),
+            (long long)mem.plan.chunks, (long long)mem.plan.chunk_rows,
+            mem.accumulator == OSFT_FLCE_ACCUMULATOR_FP32 ? "fp32" : "output", def.held);
+  if (csv) fflush(csv); /* a line cut short by a timeout keeps the rows so far */
   if (cuda) teardown_fused(&one);
   teardown_fused(&def);
   teardown_fused(&tgt);
   teardown_fused(&out);
   teardown_fused(&lig);
+  teardown_fused(&mem);
 }
 
 int main(int argc, char **argv) {
-  int scale = 0, reps = 5, budget_div = 4, cuda = 0;
+  int scale = 0, reps = 5, budget_div = 4, cuda = 0, counts = 0, bf16 = 0;
+  double mem_mib = 64.0;
   const char *csv_path = NULL;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--scale") && i + 1 < argc)
@@ -402,12 +511,18 @@ int main(int argc, char **argv) {
       budget_div = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--csv") && i + 1 < argc)
       csv_path = argv[++i];
+    else if (!strcmp(argv[i], "--mem-mib") && i + 1 < argc)
+      mem_mib = atof(argv[++i]);
+    else if (!strcmp(argv[i], "--counts"))
+      counts = 1;
+    else if (!strcmp(argv[i], "--dtype") && i + 1 < argc)
+      bf16 = !strcmp(argv[++i], "bf16");
     else if (!strcmp(argv[i], "--device") && i + 1 < argc)
       cuda = !strcmp(argv[++i], "cuda");
     else {
       fprintf(stderr,
               "usage: %s [--device cpu|cuda] [--scale S] [--reps R] [--budget-div D] "
-              "[--csv FILE]\n",
+              "[--mem-mib MEM] [--counts] [--dtype fp32|bf16] [--csv FILE]\n",
               argv[0]);
       return 2;
     }
@@ -430,12 +545,18 @@ int main(int argc, char **argv) {
         "tight_over_gemms,materialized_over_flce,mxv_mib,flce_peak_mib,"
         "tight_peak_mib,tight_budget_mib,chunks,chunk_rows,tight_chunks,"
         "tight_chunk_rows,outacc_ms,outacc_over_gemms,outacc_peak_mib,liger_ms,"
-        "liger_over_gemms,liger_peak_mib,liger_chunk_rows\n");
+        "liger_over_gemms,liger_peak_mib,liger_chunk_rows,mem_ms,mem_over_gemms,"
+        "mem_peak_mib,mem_budget_mib,mem_chunks,mem_chunk_rows,mem_accumulator,"
+        "flce_held\n");
   printf(
       "# %s\n# %s, shapes / %d, median of %d; tight budget = fixed + M x V x 4 / %d; "
       "acc.out = grad_W summed in its own dtype; liger = acc.out in Liger-Kernel's "
       "chunks\n",
-      osft_build_info(), cuda ? "CUDA, bf16" : "CPU, fp32", scale, reps, budget_div);
+      osft_build_info(),
+      cuda   ? "CUDA, bf16"
+      : bf16 ? "CPU, bf16 op (fp32 floor)"
+             : "CPU, fp32",
+      scale, reps, budget_div);
   printf(
       "%5s %5s %6s | %8s %8s %8s %8s %8s %8s | %6s %6s %6s %6s %6s | %8s %8s %8s %8s %8s "
       "| "
@@ -446,8 +567,8 @@ int main(int argc, char **argv) {
   for (int bi = 0; bi < 2; ++bi)
     for (int vi = 0; vi < 2; ++vi) {
       problem p;
-      problem_init(&p, cuda, bts[bi] / scale, h_full / scale, vs[vi] / scale);
-      bench_shape(&p, reps, budget_div, csv);
+      problem_init(&p, cuda, bf16, bts[bi] / scale, h_full / scale, vs[vi] / scale);
+      bench_shape(&p, reps, budget_div, (size_t)(mem_mib * (1 << 20)), counts, csv);
       problem_free(&p);
     }
   if (csv) fclose(csv);
