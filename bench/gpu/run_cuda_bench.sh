@@ -31,7 +31,7 @@
 #   cmake -S . -B build-gpu -G Ninja -DOSFTRT_CUDA=ON \
 #     -DCMAKE_CUDA_ARCHITECTURES=90 -DOSFTRT_BUILD_TESTS=OFF \
 #     -DOSFTRT_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=Release
-#   ninja -C build-gpu -j2
+#   ninja -C build-gpu -j2 -k 0   # -k 0: one broken bench does not stop the rest
 #   run(kind=nvidia-h100-x1, timeout_s=540, carry=["build-gpu", ".whl"],
 #       command='bash bench/gpu/run_cuda_bench.sh build-gpu /tmp/r;
 #                tar -C /tmp/r -czf $OUT/bench_results.tgz .;
