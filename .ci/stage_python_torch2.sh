@@ -10,6 +10,8 @@
 #      sdist that builds a wheel too;
 #   3. the wheel installed into the venv, and pytest on bindings/python/tests
 #      (the Hugging Face and PEFT tests included), run from outside the tree;
+#      then the README's Python example as written (.ci/readme_python.py) and
+#      the Hugging Face and PEFT examples with --check;
 #   4. the wheel installed into a fresh venv outside the repository, with no
 #      environment variables: a smoke test of the import and one call.
 #
@@ -43,13 +45,19 @@ mkdir -p "$dist/from-sdist"
 "$venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps "${settings[@]}" -w "$dist/from-sdist" "$sdist"
 wheel=$(ls "$dist"/osftrt-*.whl)
 echo "stage_python_torch2: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB), sdist $(basename "$sdist") builds $(basename "$(ls "$dist"/from-sdist/*.whl)")"
-"$venv/bin/python" -m zipfile -l "$wheel" | grep -q "osftrt/libosftrt.so.1" || { echo "the wheel lacks osftrt/libosftrt.so.1" >&2; exit 1; }
+listing=$("$venv/bin/python" -m zipfile -l "$wheel")
+[[ $listing == *"osftrt/libosftrt.so.1 "* ]] || { echo "the wheel lacks osftrt/libosftrt.so.1" >&2; exit 1; }
 
 "$venv/bin/python" -m pip install -q --force-reinstall --no-deps "$wheel"
 cd "$root/bindings/python/tests"
 rc=0
 OPENBLAS_THREAD_TIMEOUT=4 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@" . || rc=$?
 [[ $rc -eq 0 ]] || { echo "stage_python_torch2: pytest failed ($rc)" >&2; exit 1; }
+# The README's Python example as written, and the examples a user starts from.
+cd "$root"
+"$venv/bin/python" .ci/readme_python.py
+"$venv/bin/python" examples/python/hf_quickstart.py --steps 20 --check
+"$venv/bin/python" examples/python/peft_interop.py --check
 
 # A fresh venv outside the repository: the wheel alone, no variables set.
 smoke=$(mktemp -d)

@@ -221,8 +221,11 @@ def test_save_checks_the_base_model(gen, tmp_path):
         opeft.save_peft_adapter(model, str(tmp_path), base_model=tiny_llama(5))
     with torch.no_grad():  # singular triplets of W0, but not its top 32 frozen
         layer = model.model.layers[0].self_attn.q_proj
-        for t in (layer._u_full.T, layer._s_full, layer._vt_full):
+        for t in (layer._s_full, layer._vt_full):  # views of one buffer each, the high part first
             t[[31, 32]] = t[[32, 31]]
+        u31 = layer.u_high[:, 31].clone()  # U's parts are compact tensors of their own
+        layer.u_high[:, 31] = layer.u_low[:, 0]
+        layer.u_low[:, 0] = u31
     problems = opeft.check_base_weights(model, base)
     assert len(problems) == 1 and "model.layers.0.self_attn.q_proj" in problems[0] and "not the top 32" in problems[0]
     assert not os.path.exists(tmp_path / "adapter_config.json")
