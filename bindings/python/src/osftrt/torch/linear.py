@@ -55,6 +55,16 @@ class _FLinearFn(torch.autograd.Function):
         return tuple(out)
 
 
+def _storage_ptr(t):
+    return t.untyped_storage().data_ptr() if hasattr(t, "untyped_storage") else t.storage().data_ptr()
+
+
+def _adjacent(hi, lo, dim, r):
+    """lo follows hi along dim in one storage (views of one tensor)."""
+    return (_storage_ptr(hi) == _storage_ptr(lo) and hi.stride() == lo.stride()
+            and lo.data_ptr() == hi.data_ptr() + r * hi.stride(dim) * hi.element_size())
+
+
 class OSFTLinear(TransientHandles, nn.Module):
     """A linear layer y = x W^T + b with W = U diag(S) V^T split at rank r:
     U_high, S_high, V_high frozen (buffers), U_low, S_low, V_low trainable
@@ -63,8 +73,12 @@ class OSFTLinear(TransientHandles, nn.Module):
     factors); an optimizer updates them in place as usual.
 
     Build with :meth:`from_linear`. ``merge()`` gives back an ``nn.Linear``.
-    U and V^T each live in one buffer (high part first), so the high and low
-    GEMMs fuse; ``u_high``/``u_low`` are column views of it.
+    S and V^T each live in one buffer (high part first), so the high and low
+    GEMMs over V fuse; ``v_high``/``v_low`` are row views of it. U's parts
+    are separate compact tensors: a column view of one U would not be
+    compact, and PyTorch's fused AdamW (``transformers.Trainer``'s default
+    optimizer) writes a non-compact parameter as if it were compact, over
+    U_high's columns.
 
     Behaves like the ``nn.Linear`` it replaces: any leading dims, non-
     contiguous inputs, fp32 or bf16, ``torch.autocast`` (the input is cast to
@@ -93,14 +107,14 @@ class OSFTLinear(TransientHandles, nn.Module):
         u = u.detach().contiguous()
         vt = vt.detach().contiguous()
         s = s.detach().contiguous()
-        # one storage per factor; the parameters and buffers are views of it
-        self.register_buffer("_u_full", u, persistent=False)
+        # one storage for S and V^T, the parameters and buffers views of it
+        # (rows: compact); U's parts compact on their own (see above)
         self.register_buffer("_s_full", s, persistent=False)
         self.register_buffer("_vt_full", vt, persistent=False)
-        self.register_buffer("u_high", u[:, :rank])
+        self.register_buffer("u_high", u[:, :rank].contiguous())
         self.register_buffer("s_high", s[:rank])
         self.register_buffer("v_high", vt[:rank])
-        self.u_low = nn.Parameter(u[:, rank:])
+        self.u_low = nn.Parameter(u[:, rank:].contiguous())
         self.s_low = nn.Parameter(s[rank:])
         self.v_low = nn.Parameter(vt[rank:])
         self.bias = nn.Parameter(bias.detach().clone()) if bias is not None else None
@@ -112,6 +126,9 @@ class OSFTLinear(TransientHandles, nn.Module):
         """Decomposes linear.weight (SVD in float64) and keeps the top
         round(rank_ratio * min(N, K)) singular directions frozen."""
         w = linear.weight.detach()
+        if hasattr(w, "device_mesh") and hasattr(w, "placements"):  # a DTensor (FSDP2, tensor parallel)
+            raise TypeError("the weight is a sharded DTensor: convert the model before fully_shard "
+                            "(and call osftrt.torch.distributed.prepare_fsdp2 between the two)")
         dtype = dtype or (w.dtype if w.dtype in (torch.float32, torch.bfloat16) else torch.float32)
         u, s, vt = torch.linalg.svd(w.to(torch.float64), full_matrices=False)
         k = s.shape[0]
@@ -140,6 +157,39 @@ class OSFTLinear(TransientHandles, nn.Module):
         """Call after changing the frozen factors in place."""
         if self._layer is not None and not self._layer.closed:
             capi.osft_flinear_refresh(self._layer)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        # load_state_dict copies into the factors in place: the layer's
+        # caches of the frozen part (the dense strategy's) must go
+        super()._load_from_state_dict(*args, **kwargs)
+        self.refresh()
+
+    # --- S and V^T one storage each, kept across copies, pickles and .to() ---
+    def _fuse(self):
+        """Makes S and V^T one storage each again (high part first) where
+        deepcopy (nn.Parameter copies its data alone), pickle or .to() gave
+        the parts storage of their own: the layer fuses the high and low
+        GEMMs only over adjacent parts. The parameters stay the same objects."""
+        r = self.rank
+        for full, hi_name, lo_name, dim in (("_s_full", "s_high", "s_low", 0), ("_vt_full", "v_high", "v_low", 0)):
+            hi, lo = self._buffers.get(hi_name), self._parameters.get(lo_name)
+            if hi is None or lo is None or type(hi) is not torch.Tensor or type(lo.data) is not torch.Tensor:
+                continue  # tensor subclasses (FSDP's DTensors, ...) keep their own layout
+            if hi.dtype != lo.dtype or hi.device != lo.device or hi.is_meta or _adjacent(hi, lo, dim, r):
+                continue
+            whole = torch.cat([hi.detach(), lo.detach()], dim)
+            self._buffers[full] = whole
+            self._buffers[hi_name] = whole.narrow(dim, 0, r)
+            lo.data = whole.narrow(dim, r, lo.shape[dim])
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._fuse()
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        self._fuse()
+        return out
 
     def forward(self, x):
         dt = autocast_dtype(x)

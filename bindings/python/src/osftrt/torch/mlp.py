@@ -80,11 +80,14 @@ class TiledMLPPlan(TransientHandles):
         if self.gated != (gate is not None):
             raise ValueError("%s %s a gate projection" % (self.variant, "needs" if self.gated else "takes no"))
 
-    def handle(self, projs, params):
-        """projs: (gate, up, down); params: their autograd inputs."""
+    def handle(self, projs, params, dtype=None):
+        """projs: (gate, up, down); params: their autograd inputs; dtype: the
+        compute dtype (the activations'), else the library's default (the
+        dense weights', fp32 over OSFT layers only)."""
         # keyed on the layers' factor storage, not their handles: the MLP
         # handle depends on the layers' and must go before they are rebuilt
         key = storage_key(params) + tuple(storage_key(p._factors()) for p in projs if isinstance(p, OSFTLinear))
+        key += (dtype,)
         if self._handle is None or self._handle.closed or key != self._key:
             self.close()
             layers = tuple(p._layer_handle() if isinstance(p, OSFTLinear) else None for p in projs)
@@ -108,6 +111,10 @@ class TiledMLPPlan(TransientHandles):
             elif self.memory_budget:
                 o.tiling = capi.OSFT_MLP_TILING_BUDGET
                 o.memory_budget = int(self.memory_budget)
+            if dtype is not None:  # bf16 activations over OSFT layers (bf16 or fp32 factors)
+                d = capi.DLDataType()
+                d.code, d.bits, d.lanes = (capi.kDLBfloat, 16, 1) if dtype == torch.bfloat16 else (capi.kDLFloat, 32, 1)
+                o.dtype = d
             up = projs[1]
             hidden, inter = (up.in_features, up.out_features) if isinstance(up, nn.Module) else (up.shape[1], up.shape[0])
             ctx = context_for(params[0], self._context)
@@ -124,8 +131,8 @@ class TiledMLPPlan(TransientHandles):
 class _MLPFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan, projs, x, *params):
-        h = plan.handle(projs, params)
         xd = as_rows(x).detach()
+        h = plan.handle(projs, params, xd.dtype)
         y = torch.empty_like(xd, memory_format=torch.contiguous_format)
         capi.osft_mlp_forward(h, xd, y, plan.num_tiles)
         ctx.plan, ctx.projs = plan, projs
@@ -165,7 +172,7 @@ class _MLPFn(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             gx = g.grad_x = torch.empty_like(xd, memory_format=torch.contiguous_format)
         if gx is not None or any(t is not None for t in grads):
-            capi.osft_mlp_backward(ctx.plan.handle(ctx.projs, params), xd, as_rows(grad_y).detach(), g, ctx.plan.num_tiles)
+            capi.osft_mlp_backward(ctx.plan.handle(ctx.projs, params, xd.dtype), xd, as_rows(grad_y).detach(), g, ctx.plan.num_tiles)
         return (None, None, gx, *grads)
 
 
