@@ -220,9 +220,10 @@ static DLTensor *osftpy_import(PyObject *obj, osftpy_import_t *im, const char *w
       cap = PyObject_CallNoArgs(fn);
     }
     Py_DECREF(fn);
-    if (!cap && PyErr_ExceptionMatches(PyExc_RuntimeError) && PyObject_HasAttrString(obj, "detach")) {
-      /* torch refuses to export a tensor that requires grad: export its
-       * detached alias (same storage). */
+    if (!cap && (PyErr_ExceptionMatches(PyExc_RuntimeError) || PyErr_ExceptionMatches(PyExc_BufferError)) &&
+        PyObject_HasAttrString(obj, "detach")) {
+      /* torch refuses to export a tensor that requires grad (RuntimeError in
+       * 1.13, BufferError in 2.x): export its detached alias (same storage). */
       PyObject *t, *v, *tb;
       PyErr_Fetch(&t, &v, &tb);
       PyObject *det = PyObject_CallMethod(obj, "detach", NULL);

@@ -19,6 +19,15 @@ def context_for(tensor, context):
     return ctx
 
 
+def follow_torch_stream(tensor, context):
+    """Before each library call on CUDA: a default context runs on torch's
+    current stream, which may differ from the one it had when the handle was
+    made (``with torch.cuda.stream(s):``). A caller's own context keeps the
+    stream it was given."""
+    if context is None and tensor.is_cuda:
+        context_for(tensor, None)
+
+
 def detached(t):
     """A tensor the library may take: detached (same storage), or None."""
     return None if t is None else t.detach()

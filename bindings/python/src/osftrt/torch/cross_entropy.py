@@ -36,6 +36,8 @@ class _FLCEHandle:
             o.vocab_size_global = int(vocab_size_global)
         self.reduction = reduction
         self.handle = capi.osft_flce_create(context.handle, o)
+        self.context = context
+        self.follows_torch_stream = False  # set for default contexts on CUDA
 
     def compute(self, x, weight, target, bias, class_weight, grad_loss, *, loss=None, grad_x=None, grad_weight=None,
                 grad_bias=None, extras=None, accumulate=0):
@@ -111,6 +113,8 @@ class _FLCEFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, *unused):
         needs = ctx.needs_input_grad
+        if ctx.h.follows_torch_stream:  # backward may run on another torch stream
+            ctx.h.context.sync_torch_stream()
         if ctx.eager:
             gx, gw, gb = ctx.saved_tensors
             gl = grad_loss.to(torch.float32)
@@ -194,6 +198,7 @@ def fused_linear_cross_entropy(
         h = _flce_cache[key] = _FLCEHandle(ctx, ignore_index, label_smoothing, z_loss_scale, softcap, reduction,
                                            accumulator, memory_budget, chunk_rows, comm, vocab_offset,
                                            vocab_size_global)
+        h.follows_torch_stream = context is None and ctx.is_cuda
     return _flce_apply(h, x, weight, target, bias, class_weight, return_extras, accumulate)
 
 
@@ -238,6 +243,7 @@ class FusedLinearCrossEntropyLoss(TransientHandles, nn.Module):
         ctx = context_for(x, self._context)
         if self._h is None or self._h.handle.closed or self._h_ctx is not ctx:
             self._h = _FLCEHandle(ctx, **self.options)
+            self._h.follows_torch_stream = self._context is None and ctx.is_cuda
             self._h_ctx = ctx
         return _flce_apply(self._h, x, weight, target, bias, self.class_weight, self.return_extras, self.accumulate)
 

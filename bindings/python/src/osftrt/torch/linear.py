@@ -11,6 +11,7 @@ from ._common import (
     as_rows,
     autocast_dtype,
     context_for,
+    follow_torch_stream,
     library_dtype,
     no_autocast,
     storage_key,
@@ -25,6 +26,7 @@ _STRATEGIES = {"auto": 0, "factorized": 1, "dense": 2}
 class _FLinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, u_low, s_low, v_low, bias, module):
+        follow_torch_stream(x, module._context)
         layer = module._layer_handle()
         x = as_rows(x)
         y = x.new_empty(x.shape[:-1] + (module.out_features,))
@@ -37,6 +39,7 @@ class _FLinearFn(torch.autograd.Function):
     def backward(ctx, grad_y):
         x, bias = ctx.saved_tensors
         module = ctx.module
+        follow_torch_stream(x, module._context)
         need = ctx.needs_input_grad
         g = capi.osft_flinear_grads_t()
         out = [None] * 6

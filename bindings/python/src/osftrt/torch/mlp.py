@@ -13,6 +13,7 @@ from ._common import (
     as_rows,
     autocast_dtype,
     context_for,
+    follow_torch_stream,
     library_dtype,
     no_autocast,
     storage_key,
@@ -131,6 +132,7 @@ class TiledMLPPlan(TransientHandles):
 class _MLPFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan, projs, x, *params):
+        follow_torch_stream(x, plan._context)
         xd = as_rows(x).detach()
         h = plan.handle(projs, params, xd.dtype)
         y = torch.empty_like(xd, memory_format=torch.contiguous_format)
@@ -142,6 +144,7 @@ class _MLPFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         xd, *params = ctx.saved_tensors
+        follow_torch_stream(xd, ctx.plan._context)
         need = ctx.needs_input_grad[3:]
         g = capi.osft_mlp_grads_t()
         grads = [None] * len(params)
