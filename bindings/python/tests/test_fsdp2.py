@@ -125,3 +125,19 @@ def test_convert_after_shard_is_refused():
     lin.weight = torch.nn.Parameter(lin.weight.detach().as_subclass(Fake))
     with pytest.raises(TypeError, match="before fully_shard"):
         ot.OSFTLinear.from_linear(lin)
+
+
+def test_caller_communicator_is_used_and_left_open():
+    import osftrt
+
+    m = _model()
+    prepare_fsdp2(m)
+    m(torch.randn(2, 8)).sum().backward()
+    comm = osftrt.Communicator.single()
+    proj = shard_aware_projector(m, comm=comm)
+    proj.project_gradients()
+    proj.project_parameters()
+    assert max(proj.orthogonality()) <= 1e-5
+    proj.close()
+    assert comm.size == 1  # still usable: the caller closes it
+    comm.close()

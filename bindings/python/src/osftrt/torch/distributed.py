@@ -150,10 +150,13 @@ class ShardedOSFTProjector:
 
     group: the process group of the collectives; None: the FSDP2 mesh's
     group (or, with nothing sharded, the default group when
-    torch.distributed is initialized). ``stats()`` counts the collectives.
+    torch.distributed is initialized). comm: an :class:`osftrt.Communicator`
+    to use instead (e.g. one over the library's own NCCL engine; its ranks
+    must be the mesh's; the caller closes it). ``stats()`` counts the
+    collectives.
     """
 
-    def __init__(self, model, *, group=None, context=None, check_consistency=True):
+    def __init__(self, model, *, group=None, comm=None, context=None, check_consistency=True):
         self._mods = [m for m in model.modules() if isinstance(m, OSFTLinear)]
         if not self._mods:
             raise ValueError("the model has no OSFTLinear layer")
@@ -161,7 +164,8 @@ class ShardedOSFTProjector:
         self._context = context
         self._check = check_consistency
         self._proj = None
-        self._comm = None
+        self._comm = comm
+        self._own_comm = comm is None
         self._targets = []  # [(index, trainable parameter getter)]
         self._grad_keys = []
         self._param_key = None
@@ -194,9 +198,10 @@ class ShardedOSFTProjector:
             group = groups[0]
             if any(g is not group for g in groups):
                 raise NotImplementedError("OSFT factors sharded over different process groups")
+        if self._context is None:
+            self._context = self._comm.context if self._comm is not None else context_for(_local(self._mods[0].u_low), None)
         if self._comm is None:
-            ctx = context_for(_local(self._mods[0].u_low), self._context)
-            self._context = ctx
+            ctx = self._context
             import torch.distributed as dist
 
             if group is not None or (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
@@ -401,9 +406,9 @@ class ShardedOSFTProjector:
         if self._proj is not None:
             self._proj.close()
             self._proj = None
-        if self._comm is not None:
+        if self._comm is not None and self._own_comm:
             self._comm.close()
-            self._comm = None
+        self._comm = None
 
     def __enter__(self):
         return self
