@@ -141,3 +141,18 @@ def test_caller_communicator_is_used_and_left_open():
     proj.close()
     assert comm.size == 1  # still usable: the caller closes it
     comm.close()
+
+
+def test_moved_parameters_are_registered_again():
+    """A factor's storage that moves (load_state_dict(assign=True), to_empty)
+    is noticed by the data-pointer check and the targets re-registered."""
+    m = _model()
+    prepare_fsdp2(m)
+    proj = shard_aware_projector(m)
+    proj.project_parameters()
+    assert proj.rebuilds == 0
+    m[0].u_low.data = m[0].u_low.detach().clone() + 0.1 * m[0].u_high[:, : m[0].u_low.shape[1]]
+    proj.project_parameters()
+    assert proj.rebuilds == 1
+    assert max(proj.orthogonality()) <= 1e-5
+    proj.close()

@@ -13,6 +13,10 @@ the tensors' own storage through DLPack), one module per capability:
   materialized logits.
 * :mod:`.mlp` -- :class:`TiledMLP`, SwiGLU/GeGLU/GELU/SiLU/ReLU MLPs over
   tiles of tokens (dense or OSFT projections).
+* :mod:`.distributed` (imported on its own) -- OSFT under FSDP2 and DDP:
+  :func:`~.distributed.prepare_fsdp2` (frozen factors shardable) and
+  :func:`~.distributed.shard_aware_projector` (the projection on the
+  DTensor shards, one collective per step for all layers).
 
 Integrations beside them: ``osftrt.transformers`` (Hugging Face models
 patched in place) and ``osftrt.peft`` (PEFT OSF adapters).

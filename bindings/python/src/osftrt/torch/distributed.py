@@ -106,11 +106,11 @@ def prepare_fsdp2(model: nn.Module) -> nn.Module:
     for m in model.modules():
         if not isinstance(m, OSFTLinear):
             continue
+        if _is_dtensor(m.u_low):
+            raise TypeError("prepare_fsdp2: the model is already sharded; call it before fully_shard")
         for name in FROZEN_FACTORS:
             if name in m._buffers:
                 t = m._buffers.pop(name)
-                if _is_dtensor(t):
-                    raise TypeError("prepare_fsdp2: %s is already sharded; call it before fully_shard" % name)
                 m.register_parameter(name, nn.Parameter(t.detach().clone(), requires_grad=False))
         # S and V^T no longer share one storage with the frozen parts: give
         # the trainable parts their own too (FSDP2 copies them anyway) and
