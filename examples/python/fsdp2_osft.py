@@ -44,8 +44,7 @@ def main():
         vocab_size=512, tie_word_embeddings=False)).to(device)
 
     # 1. convert (OSFT layers + the other patches), before sharding
-    otf.apply_osftrt(model, osft=True, rank_ratio=0.5, attach=False)
-    otf.projector_of(model).close()  # the single-process projector; FSDP2 needs the shard-aware one
+    otf.apply_osftrt(model, osft=True, rank_ratio=0.5, projector=False)  # FSDP2 needs the shard-aware one, below
     # 2. frozen factors -> frozen parameters: FSDP2 shards them and casts them with the policy
     prepare_fsdp2(model)
     # 3. shard: every decoder layer, then the root (embeddings, norm, lm_head:

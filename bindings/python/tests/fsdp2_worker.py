@@ -218,8 +218,7 @@ def case_llama():
         opt_r.step()
         opt_r.zero_grad()
         ref_losses.append(loss.item())
-    otf.apply_osftrt(model, osft=True, rank_ratio=0.5, attach=False)
-    otf.projector_of(model).close()  # the FSDP2 run uses the shard-aware projector instead
+    otf.apply_osftrt(model, osft=True, rank_ratio=0.5, projector=False)  # the shard-aware one comes after sharding
     prepare_fsdp2(model)
     for layer in model.model.layers:
         fully_shard(layer)

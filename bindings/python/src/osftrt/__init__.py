@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import threading as _threading
 
-from . import capi
+from . import _openblas
+
+_openblas.choose_core()  # before the extension loads libosftrt and its BLAS
+from . import capi  # noqa: E402
 from ._errors import (  # noqa: F401  (re-exported)
     Error,
     InvalidArgument,

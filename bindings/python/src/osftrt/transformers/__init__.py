@@ -60,7 +60,7 @@ class Patched:
 
 
 def apply_osftrt(model, *, fused_cross_entropy=True, tiled_mlp=True, osft=False, rank_ratio=0.5,
-                 target_modules=LLAMA_LINEAR_NAMES, osft_dtype=None, attach=True, optimizer=None,
+                 target_modules=LLAMA_LINEAR_NAMES, osft_dtype=None, projector=True, attach=True, optimizer=None,
                  mlp_tile_tokens=None, mlp_memory_budget=None, cross_entropy_options=None) -> Patched:
     """Patches a causal LM of a supported family in place (see the module's
     doc) and returns a :class:`Patched`.
@@ -68,7 +68,10 @@ def apply_osftrt(model, *, fused_cross_entropy=True, tiled_mlp=True, osft=False,
     osft: convert the linear layers named in target_modules (attribute
     names, or a predicate (qualified_name, module) -> bool) to OSFTLinear with
     the top rank_ratio of each spectrum frozen (factors in osft_dtype, default
-    the weights' dtype); attach: run the projector's gradient projection at
+    the weights' dtype); projector: create this process's OSFTProjector
+    (False under FSDP2 or DDP, where
+    osftrt.torch.distributed.shard_aware_projector takes its place after the
+    model is sharded); attach: run the projector's gradient projection at
     the end of every backward and its parameter projection after every
     optimizer step (of `optimizer`, or of any optimizer holding the factors).
     mlp_tile_tokens / mlp_memory_budget: the tiling (default: tiles of at most
@@ -77,16 +80,20 @@ def apply_osftrt(model, *, fused_cross_entropy=True, tiled_mlp=True, osft=False,
     """
     family = family_of(model)
     layers = {}
-    projector = None
     if osft:
         names = target_modules
         if not callable(names) and "lm_head" in names and fused_cross_entropy:
             raise ValueError("the fused cross-entropy needs a dense lm_head: leave lm_head out of target_modules")
         layers = convert_linear_layers(model, names, rank_ratio, dtype=osft_dtype)
-        projector = OSFTProjector(model)
-        if attach:
-            projector.attach(optimizer)
-        _projectors[model] = projector
+        if projector:
+            projector = OSFTProjector(model)
+            if attach:
+                projector.attach(optimizer)
+            _projectors[model] = projector
+        else:
+            projector = None
+    if not osft:
+        projector = None
     tiled = patch_mlps(model, family, model.config, tile_tokens=mlp_tile_tokens, memory_budget=mlp_memory_budget) if tiled_mlp else 0
     if fused_cross_entropy:
         patch_causal_lm(model, family, cross_entropy_options)
