@@ -6,9 +6,19 @@
 # ones. Runs as root, or through sudo when not root. The CUDA toolkit is not
 # installed here (the build uses it when it finds it: OSFTRT_CUDA=AUTO).
 #
-# Usage: bash .ci/setup.sh   (from any directory)
+# Usage: bash .ci/setup.sh [--mkl]   (from any directory)
+#   --mkl  also oneMKL, the optional CPU GEMM engine (-DOSFTRT_CPU_BLAS=MKL):
+#          PyPI's mkl-devel into /opt/osftrt/mkl ($OSFTRT_MKL_PREFIX), about
+#          1 GiB; the default build (OpenBLAS) needs only Debian's packages.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+want_mkl=0
+for arg in "$@"; do
+  case $arg in
+    --mkl) want_mkl=1 ;;
+    *) echo "setup.sh: unknown argument $arg (usage: setup.sh [--mkl])" >&2; exit 2 ;;
+  esac
+done
 
 packages=(
   build-essential cmake ninja-build pkg-config
@@ -93,4 +103,22 @@ if ! /usr/bin/python3 -c "import tree_sitter, tree_sitter_julia" >/dev/null 2>&1
     "tree-sitter>=0.23,<0.26" "tree-sitter-julia==0.23.1"
 fi
 # ---- end Julia binding
+# ---- CPU GEMM engine oneMKL (--mkl; .ci/stage_engines.sh): PyPI's
+# mkl-devel (headers, libmkl_*.so.3, LAPACK, bf16 GEMM) under a prefix of
+# its own, found by cmake/OsftrtCpuBlas.cmake. Debian's pip puts a --prefix
+# install under PREFIX/local; CMake looks in both.
+if [[ $want_mkl -eq 1 ]]; then
+  mkl_version=2026.2.0
+  mkl_prefix=${OSFTRT_MKL_PREFIX:-/opt/osftrt/mkl}
+  if [[ -f "$mkl_prefix/.mkl-devel-$mkl_version" ]]; then
+    echo "setup.sh: oneMKL $mkl_version present in $mkl_prefix"
+  else
+    echo "setup.sh: installing mkl-devel==$mkl_version into $mkl_prefix"
+    as_root env PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 \
+      /usr/bin/python3 -m pip install --quiet --break-system-packages \
+      --no-warn-script-location --prefix "$mkl_prefix" "mkl-devel==$mkl_version"
+    as_root touch "$mkl_prefix/.mkl-devel-$mkl_version"
+  fi
+fi
+# ---- end oneMKL
 echo "setup.sh: done"

@@ -114,6 +114,7 @@ if [[ $failed -ne 0 ]]; then
 fi
 stage "main build + ctest (build/)" main_build
 stage "sanitizer build + ctest (build-asan/)" asan_build
+stage "CPU GEMM engines: MKL build + ctest (build-engine-mkl/)" bash .ci/stage_engines.sh
 if [[ -f .clang-format ]]; then
   stage "clang-format" format_check
 else

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "core/cpu_blas.h"
 #include "core/cuda_runtime.h"
 #include "core/options.h"
 #include "osftrt_build_config.h"
@@ -22,16 +23,17 @@ OSFT_API const char *osft_version_string(void) {
 
 OSFT_API const char *osft_build_info(void) {
   static const char *const info = [] {
-    static char buf[512];
+    static char buf[1024];
     const int cuda = osft::cuda::toolkit_version();
     char cuda_desc[96] = "off";
     if (cuda > 0)
       std::snprintf(cuda_desc, sizeof cuda_desc, "%d.%d (archs %s)", cuda / 1000,
                     cuda % 1000 / 10, OSFTRT_CUDA_ARCHS);
-    std::snprintf(
-        buf, sizeof buf, "libosftrt %s; %s; build %s; BLAS %s; CUDA %s; NCCL %s; MPI %s",
-        osft_version_string(), OSFTRT_COMPILER, OSFTRT_BUILD_TYPE, OSFTRT_BLAS_NAME,
-        cuda_desc, OSFTRT_HAVE_NCCL ? "on" : "off", OSFTRT_HAVE_MPI ? "on" : "off");
+    std::snprintf(buf, sizeof buf,
+                  "libosftrt %s; %s; build %s; BLAS %s: %s; CUDA %s; NCCL %s; MPI %s",
+                  osft_version_string(), OSFTRT_COMPILER, OSFTRT_BUILD_TYPE,
+                  OSFTRT_BLAS_NAME, osft::blas::describe(), cuda_desc,
+                  OSFTRT_HAVE_NCCL ? "on" : "off", OSFTRT_HAVE_MPI ? "on" : "off");
     return buf;
   }();
   return info;

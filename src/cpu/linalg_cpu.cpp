@@ -1,9 +1,8 @@
-/* The CPU backend of src/backend/linalg_backend.h: OpenBLAS GEMMs (bf16 operands are
- * widened to fp32, since OpenBLAS has no bf16 GEMM here), LAPACK SVD in fp64,
- * and plain loops for the element-wise and reduction kernels. */
-#include <cblas.h>
-#include <lapack.h>
-
+/* The CPU backend of src/backend/linalg_backend.h: GEMMs on the build's
+ * engine (src/core/cpu_blas.h: OpenBLAS, or oneMKL); bf16 operands go to
+ * the engine's bf16 GEMM where it has one, else are widened to fp32),
+ * LAPACK SVD in fp64, and plain loops for the element-wise and reduction
+ * kernels. */
 #include <climits>
 #include <cstring>
 #include <cmath>
@@ -12,6 +11,7 @@
 
 #include "backend/linalg_backend.h"
 #include "core/bf16.h"
+#include "core/cpu_blas.h"
 #include "core/error.h"
 
 namespace osft {
@@ -168,8 +168,18 @@ void cpu_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float 
   const int64_t k = op_a == Op::N ? a.cols : a.rows;
   check_blas_dims({a.rows, a.cols, a.ld, b.rows, b.cols, b.ld, c.rows, c.cols, c.ld});
   if (c.rows == 0 || c.cols == 0) return;
+  /* bf16 operands go to the engine as they are where it multiplies bf16
+   * itself (fp32 accumulation); otherwise they are widened to fp32. */
+  const bool native_bf16 =
+      a.dtype == OSFTI_BF16 && b.dtype == OSFTI_BF16 && k > 0 && blas::has_bf16_gemm();
   /* The fp32 copies of bf16 operands, from the context's kernel scratch
-   * (kept between calls: a steady state allocates nothing). */
+   * (kept between calls: a steady state allocates nothing). The native
+   * path copies only C but reserves what widening would: the scratch then
+   * grows at the same calls and to the same sizes on every engine, so an
+   * op's first call still grows all it needs (a workspace growth later in
+   * the same call drops the kernel block; a smaller request after it would
+   * leave a larger one to the second call). Untouched, the rest costs no
+   * resident memory. */
   const size_t na = f32_bytes(a), nb = f32_bytes(b), nc = f32_bytes(c);
   char *staging = nullptr;
   if (na + nb + nc > 0) {
@@ -177,8 +187,6 @@ void cpu_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float 
         kernel_scratch_if_available(ctx, na + nb + nc, "gemm fp32 staging"));
     if (staging == nullptr) return gemm_unstaged(op_a, a, op_b, b, alpha, beta, c);
   }
-  const F32View av = as_f32(a, reinterpret_cast<float *>(staging));
-  const F32View bv = as_f32(b, reinterpret_cast<float *>(staging + na));
   float *cp = static_cast<float *>(c.data);
   int64_t ldc = c.ld;
   if (c.dtype != OSFTI_F32) {
@@ -186,17 +194,23 @@ void cpu_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float 
     ldc = c.cols;
     if (beta != 0.0f) widen(c, cp);
   }
+  const int m = static_cast<int>(c.rows), n = static_cast<int>(c.cols);
   if (k == 0) {
     /* BLAS leaves C alone for k == 0 only when beta == 1; be explicit. */
     for (int64_t i = 0; i < c.rows; ++i)
       for (int64_t j = 0; j < c.cols; ++j)
         cp[i * ldc + j] = beta == 0.0f ? 0.0f : beta * cp[i * ldc + j];
+  } else if (native_bf16) {
+    blas::gemm_bf16(blas::Layout::row, op_a, op_b, m, n, static_cast<int>(k), alpha,
+                    static_cast<const bf16 *>(a.data), static_cast<int>(a.ld),
+                    static_cast<const bf16 *>(b.data), static_cast<int>(b.ld), beta, cp,
+                    static_cast<int>(ldc));
   } else {
-    cblas_sgemm(CblasRowMajor, op_a == Op::N ? CblasNoTrans : CblasTrans,
-                op_b == Op::N ? CblasNoTrans : CblasTrans, static_cast<int>(c.rows),
-                static_cast<int>(c.cols), static_cast<int>(k), alpha, av.data,
-                static_cast<int>(av.ld), bv.data, static_cast<int>(bv.ld), beta, cp,
-                static_cast<int>(ldc));
+    const F32View av = as_f32(a, reinterpret_cast<float *>(staging));
+    const F32View bv = as_f32(b, reinterpret_cast<float *>(staging + na));
+    blas::gemm(blas::Layout::row, op_a, op_b, m, n, static_cast<int>(k), alpha, av.data,
+               static_cast<int>(av.ld), bv.data, static_cast<int>(bv.ld), beta, cp,
+               static_cast<int>(ldc));
   }
   if (c.dtype != OSFTI_F32) narrow(cp, c);
 }
@@ -348,22 +362,21 @@ void cpu_svd(Context &ctx, const Mat &a, const Mat &u, const Vec &s, const Mat &
   HostBuffer vt64(ctx, static_cast<size_t>(k * n) * sizeof(double));
   HostBuffer u64(ctx, static_cast<size_t>(m * k) * sizeof(double));
   HostBuffer s64(ctx, static_cast<size_t>(k) * sizeof(double));
-  HostBuffer iwork(ctx, static_cast<size_t>(8 * k) * sizeof(lapack_int));
+  HostBuffer iwork(ctx, static_cast<size_t>(8 * k) * sizeof(int));
   widen(a, a64.as<double>());
-  const lapack_int cm = static_cast<lapack_int>(n), cn = static_cast<lapack_int>(m);
-  const lapack_int lda = cm, ldu = cm, ldvt = static_cast<lapack_int>(k);
-  lapack_int lwork = -1, info = 0;
+  const int cm = static_cast<int>(n), cn = static_cast<int>(m);
+  const int lda = cm, ldu = cm, ldvt = static_cast<int>(k);
+  int lwork = -1, info = 0;
   double query = 0.0;
-  LAPACK_dgesdd("S", &cm, &cn, a64.as<double>(), &lda, s64.as<double>(),
-                vt64.as<double>(), &ldu, u64.as<double>(), &ldvt, &query, &lwork,
-                iwork.as<lapack_int>(), &info);
+  blas::gesdd_thin(cm, cn, a64.as<double>(), lda, s64.as<double>(), vt64.as<double>(),
+                   ldu, u64.as<double>(), ldvt, &query, lwork, iwork.as<int>(), &info);
   if (info != 0)
     raise(OSFT_STATUS_BACKEND_ERROR, "dgesdd workspace query: info %d", info);
-  lwork = static_cast<lapack_int>(query);
+  lwork = static_cast<int>(query);
   HostBuffer work(ctx, static_cast<size_t>(lwork) * sizeof(double));
-  LAPACK_dgesdd("S", &cm, &cn, a64.as<double>(), &lda, s64.as<double>(),
-                vt64.as<double>(), &ldu, u64.as<double>(), &ldvt, work.as<double>(),
-                &lwork, iwork.as<lapack_int>(), &info);
+  blas::gesdd_thin(cm, cn, a64.as<double>(), lda, s64.as<double>(), vt64.as<double>(),
+                   ldu, u64.as<double>(), ldvt, work.as<double>(), lwork, iwork.as<int>(),
+                   &info);
   if (info > 0)
     raise(OSFT_STATUS_NUMERICAL_ERROR, "SVD did not converge (dgesdd info %d)", info);
   if (info < 0) raise(OSFT_STATUS_INTERNAL_ERROR, "dgesdd: argument %d invalid", -info);

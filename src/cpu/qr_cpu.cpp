@@ -2,17 +2,15 @@
  * orgqr on a column-major copy in its
  * lane's scratch, so a failed job leaves its outputs untouched. The
  * Cholesky path (shifted CholeskyQR3, src/backend/qr_backend.h) runs in
- * fp64: dsyrk, dpotrf, dtrsm. Lanes are
- * threads; while more than one runs, OpenBLAS is held at one thread: on
+ * fp64: dsyrk, dpotrf, dtrsm, on the build's engine (src/core/cpu_blas.h).
+ * Lanes are threads; while more than one runs, the BLAS is held at one
+ * thread: on
  * two cores, two single-threaded QRs side by side took 0.6x the time of
  * the same QRs one after another with OpenBLAS's two threads (48 of
  * 128^2 + 48 of 512^2, fp32), and letting both lanes use OpenBLAS threads
  * oversubscribed the cores (2-4x slower). Forming Q with GEMMs from the
  * compact WY form (geqrt3 + trmm + gemm) was measured too: 10% faster at
  * 128^2, slower from 512^2 on; orgqr is kept. */
-#include <cblas.h>
-#include <lapack.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -24,15 +22,16 @@
 #include <type_traits>
 #include <utility>
 
+#include "core/cpu_blas.h"
 #include "core/error.h"
 #include "backend/qr_backend.h"
 
 namespace osft {
 namespace {
 
-/* ------------------------------------------------------ OpenBLAS threads */
+/* ----------------------------------------------------------- BLAS threads */
 
-/* Process-wide: the first concurrent QR call sets OpenBLAS to one thread,
+/* Process-wide: the first concurrent QR call sets the BLAS to one thread,
  * the last one restores what was configured. */
 struct BlasThreads {
   std::mutex mutex;
@@ -51,71 +50,61 @@ class SingleThreadedBlas {
     BlasThreads &s = blas_threads();
     std::lock_guard<std::mutex> lock(s.mutex);
     if (s.users++ == 0) {
-      s.saved = openblas_get_num_threads();
-      openblas_set_num_threads(1);
+      s.saved = blas::threads();
+      blas::set_threads(1);
     }
   }
   ~SingleThreadedBlas() {
     BlasThreads &s = blas_threads();
     std::lock_guard<std::mutex> lock(s.mutex);
-    if (--s.users == 0) openblas_set_num_threads(s.saved);
+    if (--s.users == 0) blas::set_threads(s.saved);
   }
   SingleThreadedBlas(const SingleThreadedBlas &) = delete;
   SingleThreadedBlas &operator=(const SingleThreadedBlas &) = delete;
 };
 
-/* OpenBLAS's configured thread count, even while a QR call holds it at 1. */
+/* The BLAS's configured thread count, even while a QR call holds it at 1. */
 int configured_blas_threads() {
   BlasThreads &s = blas_threads();
   std::lock_guard<std::mutex> lock(s.mutex);
-  return std::max(1, s.users > 0 ? s.saved : openblas_get_num_threads());
+  return std::max(1, s.users > 0 ? s.saved : blas::threads());
 }
 
 /* ------------------------------------------------------- typed LAPACK/BLAS */
 
-using li = lapack_int;
+using li = int;
 
 /* geqrfp: geqrf with reflectors chosen so that diag(R) >= 0 (xLARFGP),
  * which makes Q the sign-convention one without a pass over it. */
-void geqrfp(li m, li n, float *a, float *tau, float *work, li lwork, li *info) {
-  LAPACK_sgeqrfp(&m, &n, a, &m, tau, work, &lwork, info);
+template <class T>
+void geqrfp(li m, li n, T *a, T *tau, T *work, li lwork, li *info) {
+  blas::geqrfp(m, n, a, m, tau, work, lwork, info);
 }
-void geqrfp(li m, li n, double *a, double *tau, double *work, li lwork, li *info) {
-  LAPACK_dgeqrfp(&m, &n, a, &m, tau, work, &lwork, info);
-}
-void orgqr(li m, li n, float *a, const float *tau, float *work, li lwork, li *info) {
-  LAPACK_sorgqr(&m, &n, &n, a, &m, tau, work, &lwork, info);
-}
-void orgqr(li m, li n, double *a, const double *tau, double *work, li lwork, li *info) {
-  LAPACK_dorgqr(&m, &n, &n, a, &m, tau, work, &lwork, info);
+template <class T>
+void orgqr(li m, li n, T *a, const T *tau, T *work, li lwork, li *info) {
+  blas::orgqr(m, n, n, a, m, tau, work, lwork, info);
 }
 /* The Cholesky path's kernels, all in fp64 (column-major). */
 void potrf_upper(li n, double *a, li *info) {
-  LAPACK_dpotrf("U", &n, a, &n, info);
+  blas::potrf_upper(n, a, n, info);
 }
 /* g (n x n, upper) = w^T w, w m x n. */
 void gram(int m, int n, const double *w, double *g) {
-  cblas_dsyrk(CblasColMajor, CblasUpper, CblasTrans, n, m, 1.0, w, m, 0.0, g, n);
+  blas::syrk_upper_t(n, m, w, m, g, n);
 }
 /* w = w r^-1, r upper n x n. */
 void solve_right_upper(int m, int n, const double *r, double *w) {
-  cblas_dtrsm(CblasColMajor, CblasRight, CblasUpper, CblasNoTrans, CblasNonUnit, m, n,
-              1.0, r, n, w, m);
+  blas::trsm_right_upper(m, n, r, n, w, m);
 }
 /* b = r b, r upper n x n. */
 void mul_left_upper(int n, const double *r, double *b) {
-  cblas_dtrmm(CblasColMajor, CblasLeft, CblasUpper, CblasNoTrans, CblasNonUnit, n, n, 1.0,
-              r, n, b, n);
+  blas::trmm_left_upper(n, r, n, b, n);
 }
 /* out (column-major m x n) = A q, A row-major m x m (row stride lda), i.e.
  * the column-major A^T, transposed. */
-void product(int m, int n, const float *a, int lda, const float *q, float *out) {
-  cblas_sgemm(CblasColMajor, CblasTrans, CblasNoTrans, m, n, m, 1.0f, a, lda, q, m, 0.0f,
-              out, m);
-}
-void product(int m, int n, const double *a, int lda, const double *q, double *out) {
-  cblas_dgemm(CblasColMajor, CblasTrans, CblasNoTrans, m, n, m, 1.0, a, lda, q, m, 0.0,
-              out, m);
+template <class T>
+void product(int m, int n, const T *a, int lda, const T *q, T *out) {
+  blas::gemm(blas::Layout::col, Op::T, Op::N, m, n, m, T(1), a, lda, q, m, T(0), out, m);
 }
 
 /* Optimal lwork of geqrfp and orgqr for m x n (a workspace query). */
@@ -130,20 +119,13 @@ li lapack_lwork(li m, li n) {
 
 /* --------------------------------------------------------------- copies */
 
-/* OpenBLAS's transposing copy: B (cols x rows, row-major, ldb) = A^T for
+/* The engine's transposing copy: B (cols x rows, row-major, ldb) = A^T for
  * A rows x cols row-major (lda). About 8x faster than a tiled loop here
- * for fp32. A column-major matrix is its transpose, row-major. */
-void transpose(int64_t rows, int64_t cols, const float *a, int64_t lda, float *b,
-               int64_t ldb) {
-  cblas_somatcopy(CblasRowMajor, CblasTrans, static_cast<int>(rows),
-                  static_cast<int>(cols), 1.0f, a, static_cast<int>(lda), b,
-                  static_cast<int>(ldb));
-}
-void transpose(int64_t rows, int64_t cols, const double *a, int64_t lda, double *b,
-               int64_t ldb) {
-  cblas_domatcopy(CblasRowMajor, CblasTrans, static_cast<int>(rows),
-                  static_cast<int>(cols), 1.0, a, static_cast<int>(lda), b,
-                  static_cast<int>(ldb));
+ * for fp32 (OpenBLAS). A column-major matrix is its transpose, row-major. */
+template <class T>
+void transpose(int64_t rows, int64_t cols, const T *a, int64_t lda, T *b, int64_t ldb) {
+  blas::transpose(static_cast<int>(rows), static_cast<int>(cols), a,
+                  static_cast<int>(lda), b, static_cast<int>(ldb));
 }
 
 /* The exponent field of T's bit pattern, as an unsigned integer mask. */
