@@ -97,7 +97,7 @@ def run_variant(variant, a):
             times.append(time.perf_counter() - t0)
     peak = _rss_kib("VmHWM")
     out = {"variant": variant, "step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
-           "peak_above_mib": (peak - base) / 1024, "peak_mib": peak / 1024, "loss": float(loss),
+           "peak_above_mib": (peak - base) / 1024, "peak_mib": peak / 1024, "loss": loss.item(),
            "trainable": sum(p.numel() for p in params)}
     if variant == "osftrt":
         import osftrt.transformers as ot
@@ -142,6 +142,7 @@ def main():
     for v in VARIANTS:
         cmd = [sys.executable, os.path.abspath(__file__), "--variant", v] + sys.argv[1:]
         env = dict(os.environ, OPENBLAS_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
+        env.setdefault("TRANSFORMERS_VERBOSITY", "error")
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if r.returncode != 0:
             sys.stderr.write(r.stderr)
