@@ -1,6 +1,14 @@
 /* The CPU MLP kernels of src/backend/mlp_backend.h: one loop per pass over the
  * tile's intermediates, the activation inlined (specialized per activation
- * and dtype), fp32 math, bf16 rounded to nearest even on store. */
+ * and dtype), fp32 math, bf16 rounded to nearest even on store. The rows of
+ * a pass are split over the cores: single-threaded, the activation passes
+ * took the time of a fifth of the tile's GEMMs on two cores (SwiGLU
+ * 4096 x 512 x 1792 on oneMKL), the other core idle; every element is
+ * computed as before, so the results are bit-identical. */
+#include <algorithm>
+#include <thread>
+#include <vector>
+
 #include "core/bf16.h"
 #include "core/error.h"
 #include "backend/mlp_backend.h"
@@ -41,10 +49,34 @@ void with_dtype(osfti_dtype_t dt, F &&f) {
         osfti_dtype_name(dt));
 }
 
+/* Runs body(begin, end) over the rows [0, rows) on up to
+ * hardware_concurrency threads, at least kGrain elements each; the calling
+ * thread takes the first share. */
+template <class Body>
+void parallel_rows(int64_t rows, int64_t cols, const Body &body) {
+  constexpr int64_t kGrain = 1 << 16;
+  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t parts = std::max<int64_t>(
+      1, std::min({hw, rows, rows * std::max<int64_t>(cols, 1) / kGrain}));
+  const int64_t share = (rows + parts - 1) / parts;
+  std::vector<std::thread> threads;
+  for (int64_t p = 1; p < parts; ++p) {
+    const int64_t begin = p * share, end = std::min(rows, begin + share);
+    if (begin >= end) break;
+    try {
+      threads.emplace_back([&body, begin, end] { body(begin, end); });
+    } catch (...) {
+      body(begin, end); /* no thread to be had: do it here */
+    }
+  }
+  body(0, std::min(rows, share));
+  for (std::thread &t : threads) t.join();
+}
+
 /* Gated is a template parameter so that the inner loops carry no branch. */
 template <Activation A, bool Gated, class T>
-void activate_rows(const Mat *g, const Mat &u, const Mat &h) {
-  for (int64_t i = 0; i < u.rows; ++i) {
+void activate_rows(const Mat *g, const Mat &u, const Mat &h, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
     const T *gi = row<const T>(g, i);
     const T *ui = row<const T>(u, i);
     T *hi = row<T>(h, i);
@@ -59,8 +91,8 @@ void activate_rows(const Mat *g, const Mat &u, const Mat &h) {
 
 template <Activation A, bool Gated, bool WithH, class T>
 void backward_rows(const Mat *g, const Mat &u, const Mat &dh, const Mat *h, const Mat *dg,
-                   const Mat &du) {
-  for (int64_t i = 0; i < u.rows; ++i) {
+                   const Mat &du, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
     const T *gi = row<const T>(g, i);
     const T *ui = row<const T>(u, i);
     const T *dhi = row<const T>(dh, i);
@@ -85,7 +117,10 @@ void cpu_activate(Context &, Activation act, const Mat *g, const Mat &u, const M
   with_activation(act, [&](auto a) {
     with_flag(g != nullptr, [&](auto gated) {
       with_dtype(u.dtype, [&](auto t) {
-        activate_rows<decltype(a)::value, decltype(gated)::value, decltype(t)>(g, u, h);
+        parallel_rows(u.rows, u.cols, [&](int64_t begin, int64_t end) {
+          activate_rows<decltype(a)::value, decltype(gated)::value, decltype(t)>(
+              g, u, h, begin, end);
+        });
       });
     });
   });
@@ -97,8 +132,11 @@ void cpu_activate_backward(Context &, Activation act, const Mat *g, const Mat &u
     with_flag(g != nullptr, [&](auto gated) {
       with_flag(h != nullptr, [&](auto with_h) {
         with_dtype(u.dtype, [&](auto t) {
-          backward_rows<decltype(a)::value, decltype(gated)::value,
-                        decltype(with_h)::value, decltype(t)>(g, u, dh, h, dg, du);
+          parallel_rows(u.rows, u.cols, [&](int64_t begin, int64_t end) {
+            backward_rows<decltype(a)::value, decltype(gated)::value,
+                          decltype(with_h)::value, decltype(t)>(g, u, dh, h, dg, du,
+                                                                begin, end);
+          });
         });
       });
     });
