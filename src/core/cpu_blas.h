@@ -9,6 +9,7 @@
 #define OSFTRT_SRC_CORE_CPU_BLAS_H
 
 #include <cstdint>
+#include <functional>
 
 #include "core/bf16.h"
 #include "core/matrix_view.h"
@@ -23,6 +24,16 @@ const char *describe() noexcept;
 /* The engine's thread count for one call, and setting it process-wide. */
 int threads() noexcept;
 void set_threads(int n) noexcept;
+
+/* Runs body(begin, end) over [0, n) split into up to hardware_concurrency
+ * parts of at least `grain` items, the calling thread taking the first:
+ * the element-wise passes between the GEMMs (src/cpu/parallel_cpu.cpp, the
+ * same for every engine). Threads of their own, joined before return: an
+ * OpenMP team (oneMKL's) would be faster on an idle machine but, with
+ * OpenMP's default active waiting, its spinning threads made the tiled MLP
+ * 2-3x slower whenever the cores were shared. body must not throw. */
+void parallel_for(int64_t n, int64_t grain,
+                  const std::function<void(int64_t, int64_t)> &body);
 
 enum class Layout { row, col };
 

@@ -9,10 +9,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <thread>
-#include <vector>
 
 #include "core/bf16.h"
+#include "core/cpu_blas.h"
 #include "core/error.h"
 #include "backend/flce_backend.h"
 
@@ -274,8 +273,13 @@ void one_row(const RowSetup &s, int64_t i) {
   const int64_t yl = y - L.vocab_offset; /* the target's local column */
   const bool mine = !ignored && yl >= 0 && yl < v;
   float *z = static_cast<float *>(a.logits.data) + i * a.logits.ld;
+  /* A bf16 gradient (engines with bf16 GEMMs) overwrites the row from its
+   * start, at half the pace at which the row's logits are read. */
+  const bool g16 = a.grad_dtype == OSFTI_BF16;
   float *out =
       a.grad.data != nullptr ? static_cast<float *>(a.grad.data) + i * a.grad.ld : z;
+  bf16 *out16 = a.grad.data != nullptr ? static_cast<bf16 *>(a.grad.data) + i * a.grad.ld
+                                       : reinterpret_cast<bf16 *>(z);
   float buf[kBlock];
   RowStats st;
   double wy = mine ? (s.weights != nullptr ? s.weights[yl] : 1.0) : 0.0;
@@ -310,7 +314,10 @@ void one_row(const RowSetup &s, int64_t i) {
   double c = ignored ? 0.0 : s.scale, cz = ignored ? 0.0 : s.z_scale;
   if (!ignored && L.per_token && a.grad_loss != nullptr) c = cz = a.grad_loss[tok];
   if (c == 0.0 && (cz == 0.0 || L.z_scale == 0.0f)) {
-    std::fill(out, out + v, 0.0f);
+    if (g16)
+      std::fill(out16, out16 + v, bf16{0});
+    else
+      std::fill(out, out + v, 0.0f);
     return;
   }
   const double big_a =
@@ -320,30 +327,15 @@ void one_row(const RowSetup &s, int64_t i) {
                    static_cast<float>(c * (1.0 - L.smoothing) * wy)};
   for (int64_t j0 = 0; j0 < v; j0 += kBlock) {
     const int n = block_len(v, j0);
-    grad_block(s, gr, block_values(s, z, j0, n, buf), j0, n, yl, out + j0);
-  }
-}
-
-/* Runs body(begin, end) over [0, n) on up to hardware_concurrency threads,
- * at least `grain` items each; the calling thread takes the first share. */
-template <class Body>
-void parallel_for(int64_t n, int64_t grain, const Body &body) {
-  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
-  const int64_t parts =
-      std::max<int64_t>(1, std::min(hw, n / std::max<int64_t>(grain, 1)));
-  const int64_t share = (n + parts - 1) / parts;
-  std::vector<std::thread> threads;
-  for (int64_t p = 1; p < parts; ++p) {
-    const int64_t begin = p * share, end = std::min(n, begin + share);
-    if (begin >= end) break;
-    try {
-      threads.emplace_back([&body, begin, end] { body(begin, end); });
-    } catch (...) {
-      body(begin, end); /* no thread to be had: do it here */
+    if (g16) {
+      /* the block's gradient in fp32 first: its logits are read by then */
+      float gbuf[kBlock];
+      grad_block(s, gr, block_values(s, z, j0, n, buf), j0, n, yl, gbuf);
+      for (int j = 0; j < n; ++j) out16[j0 + j] = to_bf16(gbuf[j]);
+    } else {
+      grad_block(s, gr, block_values(s, z, j0, n, buf), j0, n, yl, out + j0);
     }
   }
-  body(0, std::min(n, share));
-  for (std::thread &t : threads) t.join();
 }
 
 void cpu_rows(Context &, const FlceRowPass &a) {
@@ -366,10 +358,11 @@ void cpu_rows(Context &, const FlceRowPass &a) {
             : t.denominator > 0.0 ? upstream / t.denominator
                                   : 0.0;
   s.z_scale = !a.loss.mean ? upstream : count > 0.0 ? upstream / count : 0.0;
-  if (a.want_grad && a.phase != FlceRowPhase::records && a.grad_dtype != OSFTI_F32)
+  if (a.want_grad && a.phase != FlceRowPhase::records && a.grad_dtype != OSFTI_F32 &&
+      (a.grad_dtype != OSFTI_BF16 || !blas::has_bf16_gemm()))
     raise(OSFT_STATUS_INTERNAL_ERROR, "flce CPU row pass: fp32 gradients only");
   /* Rows cost ~V each; a few per thread make spawning worth it. */
-  parallel_for(a.logits.rows, 4, [&s](int64_t begin, int64_t end) {
+  blas::parallel_for(a.logits.rows, 4, [&s](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) one_row(s, i);
   });
 }
@@ -462,7 +455,10 @@ void cpu_finalize(Context &, const FlceFinalize &a) {
 }  // namespace
 
 const FlceKernels &cpu_flce_kernels() noexcept {
-  static const FlceKernels table = {false, cpu_prepare, cpu_rows, cpu_finalize};
+  /* bf16 x and W go to the GEMMs as they are where the engine multiplies
+   * bf16 (oneMKL); otherwise the operation widens them to fp32 first. */
+  static const FlceKernels table = {blas::has_bf16_gemm(), cpu_prepare, cpu_rows,
+                                    cpu_finalize};
   return table;
 }
 

@@ -6,10 +6,9 @@
  * 4096 x 512 x 1792 on oneMKL), the other core idle; every element is
  * computed as before, so the results are bit-identical. */
 #include <algorithm>
-#include <thread>
-#include <vector>
 
 #include "core/bf16.h"
+#include "core/cpu_blas.h"
 #include "core/error.h"
 #include "backend/mlp_backend.h"
 
@@ -49,28 +48,13 @@ void with_dtype(osfti_dtype_t dt, F &&f) {
         osfti_dtype_name(dt));
 }
 
-/* Runs body(begin, end) over the rows [0, rows) on up to
- * hardware_concurrency threads, at least kGrain elements each; the calling
- * thread takes the first share. */
+/* The rows of a pass over the engine's threads, at least 64K elements
+ * (and one row) each. */
 template <class Body>
 void parallel_rows(int64_t rows, int64_t cols, const Body &body) {
   constexpr int64_t kGrain = 1 << 16;
-  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
-  const int64_t parts = std::max<int64_t>(
-      1, std::min({hw, rows, rows * std::max<int64_t>(cols, 1) / kGrain}));
-  const int64_t share = (rows + parts - 1) / parts;
-  std::vector<std::thread> threads;
-  for (int64_t p = 1; p < parts; ++p) {
-    const int64_t begin = p * share, end = std::min(rows, begin + share);
-    if (begin >= end) break;
-    try {
-      threads.emplace_back([&body, begin, end] { body(begin, end); });
-    } catch (...) {
-      body(begin, end); /* no thread to be had: do it here */
-    }
-  }
-  body(0, std::min(rows, share));
-  for (std::thread &t : threads) t.join();
+  blas::parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
+                     body);
 }
 
 /* Gated is a template parameter so that the inner loops carry no branch. */
