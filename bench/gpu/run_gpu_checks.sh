@@ -336,7 +336,8 @@ part_pybuild() { # in the background during ctest and the trainer; python.log
     CMAKE_PREFIX_PATH="$OSFTRT_GC_BUILD/prefix${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}" \
       PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
       "$OSFTRT_GC_PY" -m pip install --no-build-isolation --no-deps --no-index --no-cache-dir -q \
-      --target "$tgt" --config-settings=build-dir="$OSFTRT_GC_BUILD/python" ./bindings/python
+      --target "$tgt" --config-settings=build-dir="$OSFTRT_GC_BUILD/python" \
+      --config-settings=cmake.define.OSFTRT_PYTHON_SYSTEM_LIBRARY=ON ./bindings/python
   } > "$log" 2>&1
 }
 
