@@ -120,8 +120,10 @@ static void test_cholesky_path(void **state) {
     expect_entry(&L, i, L.q[i], a);
     free(a);
   }
-  if (cap.fallbacks != 1)
-    fail_msg("%d fall-backs to Householder, expected 1 (the singular matrix)",
+  /* Only the singular matrix may fall back; the shift can also carry it
+   * through the Cholesky passes (CUDA does), and its result is checked. */
+  if (cap.fallbacks > 1)
+    fail_msg("%d fall-backs to Householder, expected at most 1 (the singular matrix)",
              cap.fallbacks);
   list_free(&L);
 }

@@ -363,9 +363,15 @@ def test_gil_is_released_during_compute(ctx, gen):
     w = rand(gen, 256, 256)
     layer = capi.osft_flinear_create_from_weight(ctx.handle, w, None)
     capi.osft_flinear_set_strategy(layer, capi.OSFT_FLINEAR_FACTORIZED)
-    x = rand(gen, 8192, 256)
-    y = torch.empty(8192, 256)
-    capi.osft_flinear_forward(layer, x, None, y)  # warm up
+    rows = 8192
+    while True:  # a call long enough on this machine (a 16-core one runs 8192 rows in ~13 ms)
+        x = rand(gen, rows, 256)
+        y = torch.empty(rows, 256)
+        t = time.perf_counter()
+        capi.osft_flinear_forward(layer, x, None, y)  # also the warm-up
+        if time.perf_counter() - t > 10 * sys.getswitchinterval() or rows >= 16 * 8192:
+            break
+        rows *= 2
     count = [0]
     stop = threading.Event()
 
