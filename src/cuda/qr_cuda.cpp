@@ -635,8 +635,9 @@ void enqueue_job(Context &ctx, const QrCall &call, const LaneSet &lanes, char *s
  * Householder QR is hundreds of cuSOLVER launches), and with them the
  * device often had finished those lanes already: they barely overlapped. */
 void run_lanes(Context &ctx, const QrCall &call, const LaneSet &lanes, char *scratch,
-               uint32_t *flags, bool cholesky, const uint32_t *redo) {
-  HostArray<size_t> next(ctx, static_cast<size_t>(call.lanes) + 1);
+               uint32_t *flags, bool cholesky, const uint32_t *redo,
+               const HostArray<size_t> &next) {
+  for (int l = 0; l <= call.lanes; ++l) next[static_cast<size_t>(l)] = call.count;
   for (size_t p = call.count; p-- > 0;) /* jobs are sorted by lane */
     if (call.jobs[p].lane >= 0) next[static_cast<size_t>(call.jobs[p].lane)] = p;
   for (int l = 0; l < call.lanes; ++l) /* once per call, not per job */
@@ -672,6 +673,9 @@ void cuda_run(Context &ctx, const QrCall &call, void *scratch, uint32_t *flags) 
   const Shared s = shared_layout(call, base);
   HostArray<kq::SmallDesc> descs(ctx, small_jobs(call));
   HostArray<uint32_t> redo(ctx, call.count);
+  /* Every allocation before the first write: a refused one leaves the
+   * outputs untouched (the small jobs write theirs before the lanes run). */
+  HostArray<size_t> next(ctx, static_cast<size_t>(call.lanes) + 1);
   SyncOnExit sync(stream_of(ctx)); /* before descs and flags may go */
   check_cuda(cudaMemsetAsync(s.flags, 0, call.count * sizeof(uint32_t), stream_of(ctx)),
              "cudaMemsetAsync");
@@ -683,7 +687,7 @@ void cuda_run(Context &ctx, const QrCall &call, void *scratch, uint32_t *flags) 
     LaneSet lanes(ctx, std::min(call.lanes, kMaxStreams));
     lanes.fork();
     run_small(ctx, call, s, descs);
-    run_lanes(ctx, call, lanes, base, s.flags, cholesky, nullptr);
+    run_lanes(ctx, call, lanes, base, s.flags, cholesky, nullptr, next);
     lanes.join();
     if (cholesky) { /* the one host wait, unless a matrix must be redone */
       read_flags(ctx, call, s.flags, flags);
@@ -701,7 +705,7 @@ void cuda_run(Context &ctx, const QrCall &call, void *scratch, uint32_t *flags) 
       if (again > 0) {
         read = false;
         lanes.fork();
-        run_lanes(ctx, call, lanes, base, s.flags, false, redo.get());
+        run_lanes(ctx, call, lanes, base, s.flags, false, redo.get(), next);
         lanes.join();
       }
     }
