@@ -20,8 +20,11 @@
  *             bench/gpu/peers_torch.py).
  *
  *   bench_qr [--workload soap-gpt2-1024|soap-gpt2-2048] [--scale S]
- *            [--layers L] [--reps R] [--device cpu|cuda] [--power]
+ *            [--layers L] [--reps R] [--device cpu|cuda] [--power] [--quick]
  *            [--settle MS] [--csv FILE]
+ *
+ * --quick leaves out the two "1 worker" variants (GPU time: a round at
+ * hidden 2048 is several seconds per variant).
  *
  * --workload soap-gpt2-H: the list of NeMo Emerging-Optimizers PR 118 (SOAP
  * on a 12-layer GPT-2-style model, hidden H, MLP 4H): per layer the two
@@ -36,7 +39,13 @@
  * matrix, fp64) and Q = a row permutation of U, then rows and columns
  * permuted at random per matrix (P' = Pi P Pi^T, Q' = Pi Q Pi2: still a
  * PSD factor times an orthogonal matrix). Built in fp64, stored in fp32.
- * With --power the pairs are (P', Q'), SOAP's refresh Q <- qr(P Q).
+ * With --power the pairs are (P', Q'), SOAP's refresh Q <- qr(P Q). On
+ * CUDA the same construction runs on the GPU (soap_inputs_cuda: the host
+ * draws the same random numbers, cuSOLVER/cuBLAS do the fp64 QR and GEMMs,
+ * bench_qr_inputs.cu the permuting gathers into the device lists, no host
+ * copy of the lists): seconds at hidden 2048, where the host version
+ * (18 s at hidden 1024 on 16 cores, 8x the flops at 2048) does not fit a
+ * GPU session.
  * bench/gpu/peers_qr_torch.py builds the same inputs for PyTorch. Without
  * --workload: the older list (4 of H^2 + 4 of 4H^2 per layer, uniform
  * random entries). Every osft variant then reports how many matrices fell
@@ -61,8 +70,18 @@
 #include <time.h>
 
 #ifdef BENCH_QR_CUDA
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cusolverDn.h>
+
+/* bench_qr_inputs.cu: element-wise kernels on the legacy default stream;
+ * each returns the launch's cudaError_t. out[r][c] = src[rows[r]][cols[c]]
+ * (row-major n x n; cols NULL: c), and out[i] = src[i] widened. */
+int bench_qr_gather_f32(const double *src, int n, const int *rows, const int *cols,
+                        float *out);
+int bench_qr_gather_f64(const double *src, int n, const int *rows, const int *cols,
+                        double *out);
+int bench_qr_widen(const float *src, size_t count, double *out);
 #endif
 
 #include "bench_util.h"
@@ -93,7 +112,9 @@ typedef struct {
  * 4H x H), or 0 for the default list. */
 static const int kSoapQuarters[8] = {4, 12, 4, 4, 4, 16, 16, 4};
 
-static void problem_make(problem *p, int layers, int hidden, int mlp, int soap) {
+/* host 0: the inputs live only on the GPU (built there): no host copies. */
+static void problem_make(problem *p, int layers, int hidden, int mlp, int soap,
+                         int host) {
   memset(p, 0, sizeof *p);
   for (int l = 0; l < layers; ++l)
     for (int k = 0; k < 8 && p->count < MAX_MATS; ++k) {
@@ -104,6 +125,7 @@ static void problem_make(problem *p, int layers, int hidden, int mlp, int soap) 
       p->total += (size_t)d * d;
       ++p->count;
     }
+  if (!host) return;
   p->pristine = xmalloc(p->total * sizeof(float));
   p->work = xmalloc(p->total * sizeof(float));
   if (!soap) fill(p->pristine, p->total, 12345u);
@@ -420,8 +442,6 @@ typedef struct {
 
 static void sync_device(const run_args *r);
 static void prepare_inputs(void *arg);
-/* Copies `count` floats of the device list at `offset` to host memory. */
-static void fetch_device(float *host, size_t offset, size_t count);
 
 static void run_loop(void *arg);
 static void run_osft(void *arg) {
@@ -455,7 +475,9 @@ static void run_power_osft(void *arg) {
 typedef struct {
   float *work; /* device copy of the list */
   float *pristine;
+  float *factor, *qstart; /* --workload --power, built on the device */
   cusolverDnHandle_t solver;
+  cublasHandle_t blas;
   float *tau, *lapack;
   int *info;
   int lwork;
@@ -465,11 +487,17 @@ static cuda_state g_cuda;
 
 static void cuda_setup(const problem *p) {
   CUDA_CHECK(cudaMalloc((void **)&g_cuda.work, p->total * sizeof(float)));
-  CUDA_CHECK(cudaMalloc((void **)&g_cuda.pristine, p->total * sizeof(float)));
-  CUDA_CHECK(cudaMemcpy(g_cuda.pristine, p->pristine, p->total * sizeof(float),
-                        cudaMemcpyHostToDevice));
-  if (cusolverDnCreate(&g_cuda.solver) != CUSOLVER_STATUS_SUCCESS) {
+  if (!g_cuda.pristine) { /* else built on the device already */
+    CUDA_CHECK(cudaMalloc((void **)&g_cuda.pristine, p->total * sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(g_cuda.pristine, p->pristine, p->total * sizeof(float),
+                          cudaMemcpyHostToDevice));
+  }
+  if (!g_cuda.solver && cusolverDnCreate(&g_cuda.solver) != CUSOLVER_STATUS_SUCCESS) {
     fprintf(stderr, "cusolverDnCreate failed\n");
+    exit(1);
+  }
+  if (!g_cuda.blas && cublasCreate(&g_cuda.blas) != CUBLAS_STATUS_SUCCESS) {
+    fprintf(stderr, "cublasCreate failed\n");
     exit(1);
   }
   int nmax = 0, lwork = 0;
@@ -491,11 +519,164 @@ static void cuda_setup(const problem *p) {
 
 static void cuda_teardown(void) {
   cusolverDnDestroy(g_cuda.solver);
+  cublasDestroy(g_cuda.blas);
   cudaFree(g_cuda.work);
   cudaFree(g_cuda.pristine);
+  cudaFree(g_cuda.factor);
+  cudaFree(g_cuda.qstart);
   cudaFree(g_cuda.tau);
   cudaFree(g_cuda.lapack);
   cudaFree(g_cuda.info);
+}
+
+static void blas_ok(cublasStatus_t st, const char *what) {
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    fprintf(stderr, "%s failed: cuBLAS status %d\n", what, (int)st);
+    exit(1);
+  }
+}
+
+static void solver_ok(cusolverStatus_t st, const char *what) {
+  if (st != CUSOLVER_STATUS_SUCCESS) {
+    fprintf(stderr, "%s failed: cuSOLVER status %d\n", what, (int)st);
+    exit(1);
+  }
+}
+
+/* soap_inputs on the GPU: the same construction, the same random numbers
+ * (the host draws the uniform matrix and the permutations from the same
+ * LCG in the same order), fp64 QR (cuSOLVER), GEMMs and scaling (cuBLAS)
+ * and the permuting gathers (bench_qr_inputs.cu) on the device, written
+ * straight into the device lists: the QR inputs into g_cuda.pristine, and
+ * with --power the pairs' factors and starting Q into g_cuda.factor and
+ * g_cuda.qstart. The host version takes minutes at hidden 2048 (18 s at
+ * 1024 on 16 cores); this one seconds, the uploads of the uniform
+ * matrices included. */
+static void soap_inputs_cuda(problem *p, int power) {
+  const size_t list_bytes = p->total * sizeof(float);
+  CUDA_CHECK(cudaMalloc((void **)&g_cuda.pristine, list_bytes));
+  if (power) {
+    CUDA_CHECK(cudaMalloc((void **)&g_cuda.factor, list_bytes));
+    CUDA_CHECK(cudaMalloc((void **)&g_cuda.qstart, list_bytes));
+  }
+  if (cusolverDnCreate(&g_cuda.solver) != CUSOLVER_STATUS_SUCCESS) {
+    fprintf(stderr, "cusolverDnCreate failed\n");
+    exit(1);
+  }
+  blas_ok(cublasCreate(&g_cuda.blas), "cublasCreate");
+  cublasHandle_t h = g_cuda.blas;
+  const double one = 1.0, zero = 0.0;
+  unsigned state = 2024u;
+  for (int i = 0; i < p->count; ++i) {
+    int seen = 0;
+    for (int j = 0; j < i; ++j) seen |= p->dims[j] == p->dims[i];
+    if (seen) continue;
+    const int n = p->dims[i];
+    const size_t nn = (size_t)n * n, bytes = sizeof(double) * nn;
+    double *u, *q0, *b, *ul, *a, *pf = NULL, *tau, *work, *lambda;
+    int *perm, *perm2, *info, lwork = 0, l2 = 0, dev_info = 0;
+    CUDA_CHECK(cudaMalloc((void **)&u, bytes));
+    CUDA_CHECK(cudaMalloc((void **)&q0, bytes));
+    CUDA_CHECK(cudaMalloc((void **)&b, bytes));
+    CUDA_CHECK(cudaMalloc((void **)&ul, bytes));
+    CUDA_CHECK(cudaMalloc((void **)&a, bytes));
+    if (power) CUDA_CHECK(cudaMalloc((void **)&pf, bytes));
+    CUDA_CHECK(cudaMalloc((void **)&tau, sizeof(double) * (size_t)n));
+    CUDA_CHECK(cudaMalloc((void **)&lambda, sizeof(double) * (size_t)n));
+    CUDA_CHECK(cudaMalloc((void **)&perm, sizeof(int) * (size_t)n));
+    CUDA_CHECK(cudaMalloc((void **)&perm2, sizeof(int) * (size_t)n));
+    CUDA_CHECK(cudaMalloc((void **)&info, sizeof(int)));
+    int *hperm = xmalloc(sizeof(int) * (size_t)n),
+        *hperm2 = xmalloc(sizeof(int) * (size_t)n);
+    double *hl = xmalloc(sizeof(double) * (size_t)n);
+    /* U: Q of a uniform random matrix (the LAPACK call of the host version:
+     * column-major in place, so U row-major is that Q transposed) */
+    double *hu = xmalloc(bytes);
+    for (size_t e = 0; e < nn; ++e) hu[e] = (double)soap_rand(&state) / 16777216.0 - 0.5;
+    CUDA_CHECK(cudaMemcpy(u, hu, bytes, cudaMemcpyHostToDevice));
+    free(hu);
+    solver_ok(cusolverDnDgeqrf_bufferSize(g_cuda.solver, n, n, u, n, &lwork),
+              "cusolverDnDgeqrf_bufferSize");
+    solver_ok(cusolverDnDorgqr_bufferSize(g_cuda.solver, n, n, n, u, n, tau, &l2),
+              "cusolverDnDorgqr_bufferSize");
+    if (l2 > lwork) lwork = l2;
+    CUDA_CHECK(
+        cudaMalloc((void **)&work, sizeof(double) * (size_t)(lwork > 0 ? lwork : 1)));
+    solver_ok(cusolverDnDgeqrf(g_cuda.solver, n, n, u, n, tau, work, lwork, info),
+              "cusolverDnDgeqrf");
+    solver_ok(cusolverDnDorgqr(g_cuda.solver, n, n, n, u, n, tau, work, lwork, info),
+              "cusolverDnDorgqr");
+    CUDA_CHECK(cudaMemcpy(&dev_info, info, sizeof(int), cudaMemcpyDeviceToHost));
+    if (dev_info != 0) {
+      fprintf(stderr, "cuSOLVER info %d building the inputs\n", dev_info);
+      exit(1);
+    }
+    /* Q0 = a row permutation of U; B = U^T Q0 (row-major: cuBLAS gets the
+     * operands swapped, as column-major transposes) */
+    soap_permutation(hperm, n, &state);
+    CUDA_CHECK(cudaMemcpy(perm, hperm, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice));
+    CUDA_CHECK((cudaError_t)bench_qr_gather_f64(u, n, perm, NULL, q0));
+    blas_ok(
+        cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, n, n, n, &one, q0, n, u, n, &zero, b, n),
+        "cublasDgemm (B)");
+    for (int k = 0; k < 4; ++k) {
+      const double ln_kappa = (4 + k) * bench_ln(10.0);
+      const double alpha = n > 1 ? ln_kappa / bench_ln((double)n) : 0;
+      for (int c = 0; c < n; ++c) hl[c] = bench_exp(-alpha * bench_ln(1.0 + c));
+      CUDA_CHECK(
+          cudaMemcpy(lambda, hl, sizeof(double) * (size_t)n, cudaMemcpyHostToDevice));
+      /* U diag(lambda): column c of row-major U is row c of its column-major
+       * view */
+      blas_ok(cublasDdgmm(h, CUBLAS_SIDE_LEFT, n, n, u, n, lambda, 1, ul, n),
+              "cublasDdgmm");
+      blas_ok(cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, b, n, ul, n, &zero,
+                          a, n),
+              "cublasDgemm (A)");
+      if (power)
+        blas_ok(cublasDgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, u, n, ul, n,
+                            &zero, pf, n),
+                "cublasDgemm (P)");
+      for (int m = 0; m < p->count; ++m) {
+        if (p->dims[m] != n || p->kappa_class[m] != k) continue;
+        soap_permutation(hperm, n, &state);
+        soap_permutation(hperm2, n, &state);
+        /* the previous matrix's gathers read perm and perm2: cudaMemcpy from
+         * pageable memory waits for them (legacy default stream) */
+        CUDA_CHECK(
+            cudaMemcpy(perm, hperm, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice));
+        CUDA_CHECK(
+            cudaMemcpy(perm2, hperm2, sizeof(int) * (size_t)n, cudaMemcpyHostToDevice));
+        CUDA_CHECK((cudaError_t)bench_qr_gather_f32(a, n, perm, perm2,
+                                                    g_cuda.pristine + p->offset[m]));
+        if (!power) continue;
+        CUDA_CHECK((cudaError_t)bench_qr_gather_f32(pf, n, perm, perm,
+                                                    g_cuda.factor + p->offset[m]));
+        CUDA_CHECK((cudaError_t)bench_qr_gather_f32(q0, n, perm, perm2,
+                                                    g_cuda.qstart + p->offset[m]));
+      }
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    cudaFree(u), cudaFree(q0), cudaFree(b), cudaFree(ul), cudaFree(a), cudaFree(pf);
+    cudaFree(tau), cudaFree(lambda), cudaFree(perm), cudaFree(perm2), cudaFree(info);
+    cudaFree(work);
+    free(hperm), free(hperm2), free(hl);
+  }
+}
+
+/* ||Q^T Q - I||_F in fp64 of the n x n fp32 q on the device: widened, the
+ * Gram matrix by DGEMM, the identity subtracted along its diagonal (stride
+ * n + 1), then DNRM2. x, g: n x n doubles; ones: n doubles of 1. */
+static double orthogonality_error_cuda(const float *q, int n, double *x, double *g,
+                                       const double *ones) {
+  const double one = 1.0, zero = 0.0, minus = -1.0;
+  double r = 0;
+  CUDA_CHECK((cudaError_t)bench_qr_widen(q, (size_t)n * n, x));
+  blas_ok(cublasDgemm(g_cuda.blas, CUBLAS_OP_N, CUBLAS_OP_T, n, n, n, &one, x, n, x, n,
+                      &zero, g, n),
+          "cublasDgemm (Q^T Q)");
+  blas_ok(cublasDaxpy(g_cuda.blas, n, &minus, ones, 1, g, n + 1), "cublasDaxpy");
+  blas_ok(cublasDnrm2(g_cuda.blas, n * n, g, 1, &r), "cublasDnrm2");
+  return r;
 }
 
 static void cuda_loop(const problem *p) {
@@ -516,15 +697,6 @@ static void cuda_loop(const problem *p) {
 
 static void sync_device(const run_args *r) {
   if (r->cuda) CHECK(osft_context_synchronize(r->ctx));
-}
-
-static void fetch_device(float *host, size_t offset, size_t count) {
-#ifdef BENCH_QR_CUDA
-  CUDA_CHECK(cudaMemcpy(host, g_cuda.work + offset, count * sizeof(float),
-                        cudaMemcpyDeviceToHost));
-#else
-  (void)host, (void)offset, (void)count;
-#endif
 }
 
 static void prepare_inputs(void *arg) {
@@ -599,21 +771,35 @@ static void verify(variant *v, const problem *p, int cuda) {
   int nmax = 1;
   for (int i = 0; i < checked; ++i)
     if (p->dims[i] > nmax) nmax = p->dims[i];
-  float *q = cuda ? xmalloc(sizeof(float) * (size_t)nmax * nmax) : NULL;
+  v->orth = 0;
+#ifdef BENCH_QR_CUDA
+  if (cuda) { /* on the device: the host's fp64 SYRK of 8192^2 takes seconds */
+    double *x, *g, *ones;
+    double *hones = xmalloc(sizeof(double) * (size_t)nmax);
+    for (int i = 0; i < nmax; ++i) hones[i] = 1.0;
+    CUDA_CHECK(cudaMalloc((void **)&x, sizeof(double) * (size_t)nmax * nmax));
+    CUDA_CHECK(cudaMalloc((void **)&g, sizeof(double) * (size_t)nmax * nmax));
+    CUDA_CHECK(cudaMalloc((void **)&ones, sizeof(double) * (size_t)nmax));
+    CUDA_CHECK(
+        cudaMemcpy(ones, hones, sizeof(double) * (size_t)nmax, cudaMemcpyHostToDevice));
+    for (int i = 0; i < checked; ++i) {
+      const double e =
+          orthogonality_error_cuda(g_cuda.work + p->offset[i], p->dims[i], x, g, ones);
+      if (!(e <= v->orth)) v->orth = e; /* NaN wins */
+    }
+    cudaFree(x), cudaFree(g), cudaFree(ones);
+    free(hones);
+    return;
+  }
+#else
+  (void)cuda;
+#endif
   double *x = xmalloc(sizeof(double) * (size_t)nmax * nmax);
   double *g = xmalloc(sizeof(double) * (size_t)nmax * nmax);
-  v->orth = 0;
   for (int i = 0; i < checked; ++i) {
-    const int n = p->dims[i];
-    const float *qi = p->work + p->offset[i];
-    if (cuda) {
-      fetch_device(q, p->offset[i], (size_t)n * n);
-      qi = q;
-    }
-    const double e = orthogonality_error(qi, n, x, g);
+    const double e = orthogonality_error(p->work + p->offset[i], p->dims[i], x, g);
     if (!(e <= v->orth)) v->orth = e; /* NaN wins */
   }
-  free(q);
   free(x);
   free(g);
 }
@@ -684,28 +870,30 @@ static void power_cpu(problem *p, run_args *r, tensors *T, FILE *csv, int scale,
  * PyTorch's power step on the same shapes). */
 static void power_cuda(problem *p, run_args *r, tensors *T, FILE *csv, int scale,
                        int hidden, int mlp, int reps) {
-  float *host = p->factor, *factor = NULL;
-  if (!host) {
-    host = xmalloc(p->total * sizeof(float));
+  float *factor = g_cuda.factor;
+  if (g_cuda.qstart) { /* --workload: the pairs were built on the device */
+    cudaFree(g_cuda.pristine);
+    g_cuda.pristine = g_cuda.qstart;
+    g_cuda.qstart = NULL;
+  } else {
+    float *host = xmalloc(p->total * sizeof(float));
     fill(host, p->total, 777u);
+    CUDA_CHECK(cudaMalloc((void **)&factor, p->total * sizeof(float)));
+    CUDA_CHECK(
+        cudaMemcpy(factor, host, p->total * sizeof(float), cudaMemcpyHostToDevice));
+    free(host);
+    g_cuda.factor = factor;
   }
-  CUDA_CHECK(cudaMalloc((void **)&factor, p->total * sizeof(float)));
-  CUDA_CHECK(cudaMemcpy(factor, host, p->total * sizeof(float), cudaMemcpyHostToDevice));
-  if (host != p->factor) free(host);
-  use_power_inputs(p);
-  CUDA_CHECK(cudaMemcpy(g_cuda.pristine, p->pristine, p->total * sizeof(float),
-                        cudaMemcpyHostToDevice));
   tensors_make(T, p, g_cuda.work, factor, kDLCUDA);
   run_args qr = osft_args(r, OSFT_QR_HOUSEHOLDER, 0);
   const variant qr_only = {
       "qr only: osft_qr_batch householder", run_osft, prepare_inputs, &qr, {0}, 0};
   time_power(qr_only, p, r, csv, "cuda", scale, hidden, mlp, reps);
-  CUDA_CHECK(cudaFree(factor));
 }
 #endif
 
 typedef struct {
-  int scale, layers, reps, cuda, power, soap_hidden;
+  int scale, layers, reps, cuda, power, soap_hidden, quick;
   const char *csv_path;
 } bench_args;
 
@@ -725,6 +913,8 @@ static int parse_args(int argc, char **argv, bench_args *a) {
       g_settle_ms = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--power"))
       a->power = 1;
+    else if (!strcmp(argv[i], "--quick"))
+      a->quick = 1;
     else if (!strcmp(argv[i], "--device") && i + 1 < argc)
       a->cuda = !strcmp(argv[++i], "cuda");
     else if (!strcmp(argv[i], "--workload") && i + 1 < argc &&
@@ -736,8 +926,8 @@ static int parse_args(int argc, char **argv, bench_args *a) {
     } else {
       fprintf(stderr,
               "usage: %s [--workload soap-gpt2-1024|soap-gpt2-2048] [--scale S] "
-              "[--layers L] [--reps R] [--device cpu|cuda] [--power] [--settle MS] "
-              "[--csv FILE]\n",
+              "[--layers L] [--reps R] [--device cpu|cuda] [--power] [--quick] "
+              "[--settle MS] [--csv FILE]\n",
               argv[0]);
       return 2;
     }
@@ -797,9 +987,15 @@ static void time_batch(const bench_args *a, problem *p, run_args *r, FILE *csv,
       {"osft_qr_batch cholesky", run_osft, prepare_inputs, &args[2], {0}, 0},
       {"osft_qr_batch cholesky, 1 worker", run_osft, prepare_inputs, &args[3], {0}, 0},
   };
-  time_variants(v, 5, a->reps);
-  for (int i = 0; i < 5; ++i) verify(&v[i], p, a->cuda);
-  report(csv, a->cuda ? "cuda" : "cpu", a->scale, p, v, 5, hidden, mlp, a->reps);
+  /* --quick: without the 1-worker variants (v[2], v[4]) */
+  int nv = 5;
+  if (a->quick) {
+    v[2] = v[3];
+    nv = 3;
+  }
+  time_variants(v, nv, a->reps);
+  for (int i = 0; i < nv; ++i) verify(&v[i], p, a->cuda);
+  report(csv, a->cuda ? "cuda" : "cpu", a->scale, p, v, nv, hidden, mlp, a->reps);
 }
 
 int main(int argc, char **argv) {
@@ -809,11 +1005,19 @@ int main(int argc, char **argv) {
   const int hidden = base_hidden / a.scale, mlp = 4 * base_hidden / a.scale;
 
   problem p;
-  problem_make(&p, a.layers, hidden, mlp, a.soap_hidden != 0);
+  /* CUDA with --workload: the inputs are built on the device, no host copy */
+  const int on_device = a.cuda && a.soap_hidden;
+  problem_make(&p, a.layers, hidden, mlp, a.soap_hidden != 0, !on_device);
   if (a.soap_hidden) {
     const double t0 = now_ms();
-    soap_inputs(&p, a.power);
-    printf("# inputs built in %.1f s (host, fp64)\n", (now_ms() - t0) / 1e3);
+#ifdef BENCH_QR_CUDA
+    if (on_device)
+      soap_inputs_cuda(&p, a.power);
+    else
+#endif
+      soap_inputs(&p, a.power);
+    printf("# inputs built in %.1f s (%s, fp64): %.2f GB per list\n",
+           (now_ms() - t0) / 1e3, on_device ? "GPU" : "host", p.total * 4.0 / 1e9);
   }
   osft_context_options_t co;
   CHECK(OSFT_CONTEXT_OPTIONS_INIT(&co));
