@@ -30,12 +30,13 @@ counted).
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from benchlib import machine, report, versions
 
 VARIANTS = ("none", "peft_osf", "osftrt")
 
@@ -183,16 +184,6 @@ def _blas_core():
         return "?"
 
 
-def _machine():
-    cpu = "unknown CPU"
-    try:
-        cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        cpu = next(l.split(":", 1)[1].strip() for l in cpu.splitlines() if l.startswith("Model name"))
-    except Exception:
-        pass
-    return "%s, %d cores" % (cpu, os.cpu_count())
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hidden", type=int, default=256)
@@ -234,20 +225,13 @@ def main():
             sys.stderr.write(o + e)
             return 1
     rows = json.loads(next(l for l in outs[0][0].splitlines() if l.startswith("RESULT "))[7:])
-    import osftrt
-    import peft
-    import torch
-    import transformers
-
     n = rows["osftrt"]["layers"]
     lines = [
         "# One FSDP2 training step with OSFT on %d CPU processes: no projection, PEFT OSF's per-layer path, osftrt"
         % a.world,
         "",
-        "- machine: %s; %d process(es) x %d thread(s), gloo over loopback" % (_machine(), a.world, a.threads),
-        "- date: %s; Python %s; torch %s, transformers %s, peft %s, osftrt %s" % (
-            time.strftime("%Y-%m-%d"), platform.python_version(), torch.__version__, transformers.__version__,
-            peft.__version__, osftrt.version()),
+        "- machine: %s; %d process(es) x %d thread(s), gloo over loopback" % (machine(), a.world, a.threads),
+        "- " + versions(),
         "- model: Llama, hidden %d, intermediate %d, %d layers, %d/%d heads, vocab %d, fp32; %d OSFT layers (q, k, v, "
         "o, gate, up, down) at frozen rank ratio %.2f, patched by apply_osftrt; prepare_fsdp2 + fully_shard per "
         "decoder layer and root; %d x %d tokens per rank; AdamW" % (
@@ -279,12 +263,7 @@ def main():
         "AdamW's per-element scaling leaks into the frozen subspace (PEFT OSF, none); osftrt keeps it at fp32 "
         "round-off.",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
-    return 0
+    return report(lines, a.out)
 
 
 if __name__ == "__main__":

@@ -21,27 +21,15 @@ its memory is its own: step time is the median of --steps timed steps after
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 
+from benchlib import machine, report, reset_peak, rss_kib, versions
+
 VARIANTS = ("hf", "peft_osf", "osftrt")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def _rss_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(field)
-
-
-def _reset_peak():
-    with open("/proc/self/clear_refs", "w") as f:  # "5": reset the peak RSS (VmHWM)
-        f.write("5")
 
 
 def _model(a):
@@ -86,8 +74,8 @@ def run_variant(variant, a):
     times = []
     for i in range(a.warmup + a.steps):
         if i == a.warmup:
-            base = _rss_kib("VmRSS")
-            _reset_peak()
+            base = rss_kib("VmRSS")
+            reset_peak()
         t0 = time.perf_counter()
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -95,7 +83,7 @@ def run_variant(variant, a):
         opt.zero_grad(set_to_none=True)
         if i >= a.warmup:
             times.append(time.perf_counter() - t0)
-    peak = _rss_kib("VmHWM")
+    peak = rss_kib("VmHWM")
     out = {"variant": variant, "step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
            "peak_above_mib": (peak - base) / 1024, "peak_mib": peak / 1024, "loss": loss.item(),
            "trainable": sum(p.numel() for p in params)}
@@ -104,18 +92,6 @@ def run_variant(variant, a):
 
         out["orthogonality"] = max(ot.projector_of(model).orthogonality())
     return out
-
-
-def _machine():
-    cpu = "unknown CPU"
-    try:
-        cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        cpu = next(l.split(":", 1)[1].strip() for l in cpu.splitlines() if l.startswith("Model name"))
-    except Exception:
-        pass
-    flags = open("/proc/cpuinfo").read()
-    isa = [f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if " %s " % f in flags]
-    return "%s, %d cores (%s)" % (cpu, os.cpu_count(), ", ".join(isa) or "no AVX-512")
 
 
 def main():
@@ -148,19 +124,12 @@ def main():
             sys.stderr.write(r.stderr)
             return 1
         rows[v] = json.loads(r.stdout.strip().splitlines()[-1])
-    import osftrt
-    import peft
-    import torch
-    import transformers
-
     tok = a.batch * a.seq
     lines = [
         "# One training step of a small Llama on the CPU: transformers, PEFT OSF, osftrt",
         "",
-        "- machine: %s; %d threads" % (_machine(), a.threads),
-        "- date: %s; Python %s; torch %s, transformers %s, peft %s, osftrt %s (%s)" % (
-            time.strftime("%Y-%m-%d"), platform.python_version(), torch.__version__, transformers.__version__,
-            peft.__version__, osftrt.version(), osftrt.build_info().splitlines()[0]),
+        "- machine: %s; %d threads" % (machine(isa=True), a.threads),
+        "- " + versions(build_info=True),
         "- model: Llama, hidden %d, intermediate %d, %d layers, %d/%d heads, vocab %d; batch %d x seq %d = %d tokens; "
         "fp32; OSFT on %s at frozen rank ratio %.2f" % (a.hidden, a.intermediate, a.layers, a.heads, a.kv_heads,
                                                       a.vocab, a.batch, a.seq, tok, "/".join(TARGETS), a.rank_ratio),
@@ -182,12 +151,7 @@ def main():
               "(goal < 1: %s); osftrt orthogonality after the steps: %.1e" % (
                   ratio, "met" if ratio <= 0.6 else "missed", mem, "met" if mem < 1 else "missed",
                   rows["osftrt"]["orthogonality"])]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
-    return 0
+    return report(lines, a.out)
 
 
 if __name__ == "__main__":
