@@ -457,21 +457,23 @@ static void bench_collectives(osft_comm_t comm, int scale, int layers, int reps)
  * rank ratio 0.5, every factor and gradient bf16 (U_high, dU_low, U_low,
  * V_high, dV_low, V_low of each of the 224 targets: 29.2 GB; a step
  * projects the gradients, osft_projector_project, then the parameters,
- * osft_projector_project_params). One context per TF32 setting (the
- * library's update GEMMs are fp32: bf16 operands widened, fp32
- * coefficients), its communicator one-rank NCCL when the library has NCCL,
- * else the self communicator (the output says which). Layout fsdp (default):
- * U_ROWS + V_ROWS, FSDP2's; the U coefficients of all targets go through
- * the one all-reduce per call; tp: U_ROWS + V_COLS, both; replicated: none.
+ * osft_projector_project_params). One context per TF32 setting (it
+ * matters only to fp32 factors: with bf16 ones the library's update is
+ * two bf16 GEMMs against C's bf16 halves, fp32 accumulation), its
+ * communicator one-rank NCCL when the library has NCCL, else the self
+ * communicator (the output says which). Layout fsdp (default): U_ROWS +
+ * V_ROWS, FSDP2's; the U coefficients of all targets go through the one
+ * all-reduce per call; tp: U_ROWS + V_COLS, both; replicated: none.
  *
  * Methods (per TF32 setting, side by side, round-robin):
  *   osft         the library: project + project_params, synchronized
  *   gemm floor   the same GEMMs, in the same types, straight to cuBLAS:
  *                per part and pass C = high^T x (bf16 x bf16 -> fp32), then
- *                x -= high C in fp32 (fp32 x fp32 -> fp32, beta 1; TF32 when
- *                allowed); without the library's widening of bf16 high to
- *                fp32, its fp32 staging of bf16 x, its collective and its
- *                launch overhead. The issue's goal: osft <= 1.1x this.
+ *                acc = -high C_hi + high C_lo (bf16 x bf16 -> fp32, the
+ *                second with beta 1); without the library's split of C
+ *                into bf16 halves, its add of acc into bf16 x, its
+ *                collective and its launch overhead. The issue's goal:
+ *                osft <= 1.1x this.
  *   bf16 floor   the GEMMs of mini_trainer's per-target code (coefficients
  *                and update all bf16, as bench/gpu/peers_projection_torch.py
  *                runs them): the least a bf16 projection costs.
@@ -628,17 +630,15 @@ typedef struct {
   int n_targets, tf32, bf16; /* bf16: mini_trainer's all-bf16 GEMMs */
   cu_target *t;
   cublasHandle_t blas;
-  void *coef;   /* fp32 (or bf16) r x l */
-  void *high32; /* fp32 stand-in for the widened high factor */
-  void *x32;    /* fp32 stand-in for the staged x */
+  void *coef; /* fp32 (or bf16) r x l */
+  void *x32;  /* fp32 stand-in for the update's accumulator */
 } cu_floor;
 
 /* One pass (gradients or parameters) of the floor's GEMMs. */
 static void cu_floor_pass(cu_floor *f, int params) {
   const cudaDataType B = CUDA_R_16BF, F = CUDA_R_32F;
   const cudaDataType ct = f->bf16 ? B : F;
-  const cublasComputeType_t up =
-      f->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t c32 = CUBLAS_COMPUTE_32F;
   for (int i = 0; i < f->n_targets; ++i) {
     const cu_target *t = &f->t[i];
     const int n = t->n, k = t->k, r = t->r, l = t->l;
@@ -649,9 +649,10 @@ static void cu_floor_pass(cu_floor *f, int params) {
     if (f->bf16)
       cu_gemm(f->blas, 0, 0, n, l, r, -1.0f, t->uh, B, r, f->coef, B, l, 1.0f, xu, B, l,
               CUBLAS_COMPUTE_32F);
-    else
-      cu_gemm(f->blas, 0, 0, n, l, r, -1.0f, f->high32, F, r, f->coef, F, l, 1.0f, f->x32,
-              F, l, up);
+    else /* the library's split update: C's two bf16 halves into fp32 */
+      for (int half = 0; half < 2; ++half)
+        cu_gemm(f->blas, 0, 0, n, l, r, half ? 1.0f : -1.0f, t->uh, B, r, f->coef, B, l,
+                half ? 1.0f : 0.0f, f->x32, F, l, c32);
     /* V: C = x V_high^T (l x r); x -= C V_high */
     cu_gemm(f->blas, 0, 1, l, r, k, 1.0f, xv, B, k, t->vh, B, k, 0.0f, f->coef, ct, r,
             CUBLAS_COMPUTE_32F);
@@ -659,8 +660,9 @@ static void cu_floor_pass(cu_floor *f, int params) {
       cu_gemm(f->blas, 0, 0, l, k, r, -1.0f, f->coef, B, r, t->vh, B, k, 1.0f, xv, B, k,
               CUBLAS_COMPUTE_32F);
     else
-      cu_gemm(f->blas, 0, 0, l, k, r, -1.0f, f->coef, F, r, f->high32, F, k, 1.0f, f->x32,
-              F, k, up);
+      for (int half = 0; half < 2; ++half)
+        cu_gemm(f->blas, 0, 0, l, k, r, half ? 1.0f : -1.0f, f->coef, B, r, t->vh, B, k,
+                half ? 1.0f : 0.0f, f->x32, F, k, c32);
   }
 }
 
@@ -780,15 +782,13 @@ static int bench_cuda_projection(int argc, char **argv) {
   if (reps < 1 || reps > 63) reps = 5;
   if (scale < 1 || layers < 1) return 2;
   const int n_targets = layers * SHAPES;
-  size_t bytes = 0, max_rl = 0, max_high = 0, max_x = 0;
+  size_t bytes = 0, max_rl = 0, max_x = 0;
   double flop = 0;
   for (int i = 0; i < n_targets; ++i) {
     const int n = shapes[i % SHAPES].n / scale, k = shapes[i % SHAPES].k / scale;
     const size_t kk = (size_t)(n < k ? n : k), r = kk / 2, l = kk - r;
     bytes += cu_target_bytes(n, k);
     if (r * l > max_rl) max_rl = r * l;
-    if (n * r > max_high) max_high = n * r;
-    if (r * k > max_high) max_high = r * k;
     if (n * l > max_x) max_x = n * l;
     if (l * k > max_x) max_x = l * k;
     flop += 2.0 * 4.0 * (double)r * (double)l * (double)(n + k); /* 2 passes */
@@ -812,11 +812,10 @@ static int bench_cuda_projection(int argc, char **argv) {
                    &seed);
   cublasHandle_t blas;
   cublas_check(cublasCreate(&blas), "cublasCreate");
-  const size_t max_32 = max_high > max_x ? max_high : max_x;
-  float *h32 = xmalloc(sizeof(float) * max_32);
-  fill_uniform(h32, max_32, 31u, 0.05f);
+  float *h32 = xmalloc(sizeof(float) * max_x);
+  fill_uniform(h32, max_x, 31u, 0.05f);
   cu_floor floors[3];
-  void *coef = NULL, *high32 = upload(h32, max_high, 0), *x32 = upload(h32, max_x, 0);
+  void *coef = NULL, *x32 = upload(h32, max_x, 0);
   free(h32);
   cuda_check(cudaMalloc(&coef, sizeof(float) * max_rl), "cudaMalloc (coefficients)");
   cu_method m[5];
@@ -831,7 +830,7 @@ static int bench_cuda_projection(int argc, char **argv) {
     cu_floor *f = &floors[tf];
     memset(f, 0, sizeof *f);
     f->n_targets = n_targets, f->tf32 = tf, f->t = t, f->blas = blas;
-    f->coef = coef, f->high32 = high32, f->x32 = x32;
+    f->coef = coef, f->x32 = x32;
     memset(&m[nm], 0, sizeof m[nm]);
     m[nm].name = "gemm floor";
     m[nm].kind = 1;
@@ -919,7 +918,7 @@ static int bench_cuda_projection(int argc, char **argv) {
     CHECK(osft_context_destroy(m[i].ctx));
   }
   cublasDestroy(blas);
-  cudaFree(coef), cudaFree(high32), cudaFree(x32), cudaFree(arena);
+  cudaFree(coef), cudaFree(x32), cudaFree(arena);
   for (int i = 0; i < g_nblocks; ++i) cudaFree(g_blocks[i].dev);
   free(t);
   return finite ? 0 : 1;

@@ -51,6 +51,11 @@ struct Backend {
   /* A 64-bit hash of the bytes of a's elements, for detecting in-place
    * updates; nullptr where it cannot be had without a device sync. */
   uint64_t (*fingerprint)(Context &ctx, const Mat &a);
+
+  /* True when a bf16 x bf16 GEMM runs on bf16 hardware (tensor cores, AMX)
+   * rather than on widened fp32 copies: worth splitting an fp32 operand
+   * into two bf16 ones (src/ops/projection_compute.cpp). nullptr: false. */
+  bool (*native_bf16_gemm)(Context &ctx);
 };
 
 const Backend &cpu_backend() noexcept;

@@ -281,9 +281,10 @@ void cuda_svd(Context &ctx, const Mat &a, const Mat &u, const Vec &s, const Mat 
 }  // namespace
 
 const Backend &cuda_backend() {
-  static const Backend table = {cuda_gemm,           cuda_scale_into, cuda_reduce,
-                                cuda_broadcast_rows, cuda_svd,        cuda_fill_zero,
-                                cuda_all_finite,     nullptr};
+  static const Backend table = {
+      cuda_gemm,           cuda_scale_into, cuda_reduce,
+      cuda_broadcast_rows, cuda_svd,        cuda_fill_zero,
+      cuda_all_finite,     nullptr,         [](Context &) { return true; }};
   return table;
 }
 

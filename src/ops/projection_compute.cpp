@@ -24,9 +24,11 @@ struct View {
 
 struct Scratch {
   ScratchPlan plan;
-  int w32 = -1; /* full widened to fp32 */
-  int x32 = -1; /* x widened to fp32 (fp32 full with bf16 x) */
-  int loc = -1; /* coefficients of a local part */
+  int w32 = -1;             /* full widened to fp32 */
+  int x32 = -1;             /* x widened to fp32 (fp32 full with bf16 x) */
+  int loc = -1;             /* coefficients of a local part */
+  int c_hi = -1, c_lo = -1; /* C split: bf16(C) and bf16(C_hi - C) */
+  int acc = -1;             /* the split update of a bf16 x, in fp32 */
 };
 
 Mat full_of(const Projector &p, const Part &part) {
@@ -82,17 +84,37 @@ int64_t elems(const Mat &m) {
   return m.rows * m.cols;
 }
 
+/* Where bf16 GEMMs run on bf16 hardware, the update multiplies a bf16 full
+ * by C split into bf16 halves rather than by a widened fp32 copy of full:
+ * two bf16 GEMMs cost a fraction of one fp32 GEMM on tensor cores or AMX
+ * (and TF32 would round C to 10 bits), and C_hi + C_lo carries 16 of C's
+ * 24 bits, so x is still updated to about fp32 accuracy. */
+bool splits(Context &ctx, const View &v) {
+  const Backend &b = backend(ctx);
+  return v.full.dtype == OSFTI_BF16 && b.native_bf16_gemm != nullptr &&
+         b.native_bf16_gemm(ctx);
+}
+
 Scratch plan_scratch(Projector &p, Operands which) {
-  int64_t w = 0, x = 0, loc = 0;
+  Context &ctx = *p.ctx;
+  int64_t w = 0, x = 0, loc = 0, coef = 0, acc = 0;
   each_view(p, which, [&](const View &v) {
-    if (v.full.dtype != OSFTI_F32) w = std::max(w, elems(v.full));
+    const bool split = splits(ctx, v), mixed = v.full.dtype != v.x.dtype;
+    /* full is widened for the coefficients of a mixed pair, and for an
+     * update that does not split. */
+    if (v.full.dtype != OSFTI_F32 && (mixed || !split)) w = std::max(w, elems(v.full));
     if (v.full.dtype == OSFTI_F32 && v.x.dtype != OSFTI_F32) x = std::max(x, elems(v.x));
     if (v.coef == nullptr) loc = std::max(loc, elems(coef_mat(v, nullptr)));
+    if (split) coef = std::max(coef, elems(coef_mat(v, nullptr)));
+    if (split && v.x.dtype != OSFTI_F32) acc = std::max(acc, elems(v.x));
   });
   Scratch s;
   s.w32 = s.plan.add_mat(1, w, OSFTI_F32);
   s.x32 = s.plan.add_mat(1, x, OSFTI_F32);
   s.loc = s.plan.add_mat(1, loc, OSFTI_F32);
+  s.c_hi = s.plan.add_mat(1, coef, OSFTI_BF16);
+  s.c_lo = s.plan.add_mat(1, coef, OSFTI_BF16);
+  s.acc = s.plan.add_mat(1, acc, OSFTI_F32);
   return s;
 }
 
@@ -118,15 +140,44 @@ void coefficients(Context &ctx, const View &v, const Mat &c, const Scratch &s) {
     backend(ctx).gemm(ctx, Op::N, x, Op::T, f, 1.0f, 0.0f, c);
 }
 
-/* x -= full C (U) or C full (V), in fp32 (full widened if bf16), rounded
- * once into x's dtype. */
+/* dst = alpha full C + beta dst (U) or alpha C full + beta dst (V). */
+void full_times(Context &ctx, const View &v, const Mat &f, const Mat &c, float alpha,
+                float beta, const Mat &dst) {
+  if (v.u)
+    backend(ctx).gemm(ctx, Op::N, f, Op::N, c, alpha, beta, dst);
+  else
+    backend(ctx).gemm(ctx, Op::N, c, Op::N, f, alpha, beta, dst);
+}
+
+/* A compact view of `slot`'s memory shaped like m. */
+Mat shaped(const Mat &slot, const Mat &m) {
+  return Mat{slot.data, m.rows, m.cols, m.cols, slot.dtype};
+}
+
+/* x -= full (C_hi - C_lo'), with C_hi = bf16(C) and C_lo' = bf16(C_hi - C):
+ * both GEMMs accumulate in fp32 (into x itself if fp32, else into an fp32
+ * buffer added to x once), so x is rounded once. Overwrites c. */
+void update_split(Context &ctx, const View &v, const Mat &c, const Scratch &s) {
+  const Backend &b = backend(ctx);
+  const Mat hi = shaped(s.plan.mat(s.c_hi), c), lo = shaped(s.plan.mat(s.c_lo), c);
+  b.scale_into(ctx, Axis::cols, c, nullptr, 0.0f, hi);
+  b.scale_into(ctx, Axis::cols, hi, nullptr, -1.0f, c); /* c = C_hi - C, exact */
+  b.scale_into(ctx, Axis::cols, c, nullptr, 0.0f, lo);
+  const bool direct = v.x.dtype == OSFTI_F32;
+  const Mat acc = direct ? v.x : shaped(s.plan.mat(s.acc), v.x);
+  full_times(ctx, v, v.full, hi, -1.0f, direct ? 1.0f : 0.0f, acc);
+  full_times(ctx, v, v.full, lo, 1.0f, 1.0f, acc);
+  if (!direct) b.scale_into(ctx, Axis::cols, acc, nullptr, 1.0f, v.x);
+}
+
+/* x -= full C (U) or C full (V), accumulated in fp32 and rounded once into
+ * x's dtype: a bf16 full against C's bf16 halves where that is fast, else
+ * in fp32 (full widened if bf16). */
 void update(Context &ctx, const View &v, const Mat &c, const Scratch &s) {
+  if (splits(ctx, v)) return update_split(ctx, v, c, s);
   const Mat f =
       v.full.dtype == OSFTI_F32 ? v.full : widen(ctx, v.full, s.plan.mat(s.w32));
-  if (v.u)
-    backend(ctx).gemm(ctx, Op::N, f, Op::N, c, -1.0f, 1.0f, v.x);
-  else
-    backend(ctx).gemm(ctx, Op::N, c, Op::N, f, -1.0f, 1.0f, v.x);
+  full_times(ctx, v, f, c, -1.0f, 1.0f, v.x);
 }
 
 /* max |m| of a compact fp32 matrix in the context's memory; NaN wins. */
