@@ -1,5 +1,6 @@
 """Shared fixtures of the osftrt Python tests."""
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -8,7 +9,8 @@ import torch
 
 import osftrt
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "examples", "python"))
 
 # torch's and OpenBLAS's thread pools would fight over the cores (2 in CI)
@@ -44,3 +46,32 @@ def assert_close(got, want, rtol, atol, what=""):
     err = (got - want).abs()
     tol = atol + rtol * want.abs()
     assert (err <= tol).all(), "%s: max err %.3e (max |want| %.3e)" % (what, err.max().item(), want.abs().max().item())
+
+
+def run_ranks(worker, world, tmp_path, *args, timeout=240):
+    """Runs `world` processes of the worker script `worker` (a file of this
+    folder) as ``python WORKER RANK WORLD INIT_FILE ARGS...`` (INIT_FILE: the
+    file:// rendezvous of torch.distributed, in tmp_path), one thread each;
+    kills them all when one outlives `timeout` seconds. Asserts that every
+    rank exits 0 and prints "rank R/W: OK"; returns every rank's output."""
+    init = str(tmp_path / "init")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    procs = [
+        subprocess.Popen([sys.executable, os.path.join(HERE, worker), str(r), str(world), init] + [str(a) for a in args],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        for r in range(world)
+    ]
+    outs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout)
+            outs.append((p.returncode, out))
+    finally:  # a timeout (or an interrupt) leaves no rank behind
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for r, (rc, out) in enumerate(outs):
+        assert rc == 0, "rank %d failed (exit %d):\n%s" % (r, rc, out)
+        assert "rank %d/%d: OK" % (r, world) in out, out
+    return [out for _, out in outs]

@@ -4,10 +4,6 @@ one process on the whole model, orthogonality <= 1e-5 on every rank, and the
 collectives of one step counted (one all-reduce per projection for all
 layers under FSDP2, none under DDP). Plus single-process checks of the
 helpers."""
-import os
-import subprocess
-import sys
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -17,12 +13,16 @@ except Exception:  # ImportError; Debian's torch 1.13 even fails importing torch
     pytest.skip("FSDP2 (torch.distributed.fsdp.fully_shard) needs a newer torch", allow_module_level=True)
 
 import osftrt.torch as ot  # noqa: E402
+from osftrt.torch import distributed  # noqa: E402
 from osftrt.torch.distributed import prepare_fsdp2, shard_aware_projector, shard_sizes  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+if distributed._torch_version() < distributed.MIN_TORCH_FSDP2:
+    pytest.skip("osftrt's FSDP2 support needs torch >= %d.%d" % distributed.MIN_TORCH_FSDP2, allow_module_level=True)
+
+from conftest import run_ranks  # noqa: E402
 
 # kept small: the machine that runs CI may have 2 cores
-CASES = {2: "fsdp,fsdp_buffers,ddp", 3: "fsdp,fsdp_bf16,ddp,llama"}
+CASES = {2: "fsdp,fsdp_buffers,meshes,ddp", 3: "fsdp,fsdp_bf16,meshes,ddp,llama"}
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -33,27 +33,10 @@ def test_fsdp2_and_ddp_gloo(tmp_path, world):
             import transformers  # noqa: F401
         except ImportError:
             cases = cases.replace(",llama", "")
-    init = str(tmp_path / "init")
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    procs = [
-        subprocess.Popen([sys.executable, os.path.join(HERE, "fsdp2_worker.py"), str(r), str(world), init, cases],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        for r in range(world)
-    ]
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        outs.append((p.returncode, out))
-    for r, (rc, out) in enumerate(outs):
-        assert rc == 0, "rank %d failed (exit %d):\n%s" % (r, rc, out)
-        assert "rank %d/%d: OK" % (r, world) in out
+    outs = run_ranks("fsdp2_worker.py", world, tmp_path, cases)
+    for r, out in enumerate(outs):
         for c in cases.split(","):
-            assert "rank %d: %s: losses" % (r, c) in out, out
+            assert "rank %d: %s: " % (r, c) in out, out
 
 
 def test_shard_sizes_follow_fsdp2_chunking():
@@ -89,6 +72,19 @@ def test_prepare_fsdp2_keeps_the_layer():
     assert [n for n, p in m.named_parameters() if p.requires_grad] == [
         "%d.%s" % (i, n) for i in range(2) for n in ("u_low", "s_low", "v_low", "bias")
     ]
+
+
+def test_older_torch_is_refused(monkeypatch):
+    """Below MIN_TORCH_FSDP2 (2.7) prepare_fsdp2 says which torch it needs."""
+    assert distributed.MIN_TORCH_FSDP2 == (2, 7)
+    m = _model()
+    monkeypatch.setattr(torch, "__version__", "2.6.0+cu124")
+    with pytest.raises(RuntimeError, match=r"needs torch >= 2\.7, this is torch 2\.6\.0"):
+        prepare_fsdp2(m)
+    assert "u_high" in m[0]._buffers  # nothing changed
+    monkeypatch.setattr(torch, "__version__", "2.7.1")
+    prepare_fsdp2(m)
+    assert "u_high" in m[0]._parameters
 
 
 def test_single_process_projector_matches_osftprojector():

@@ -30,6 +30,10 @@
   (cheap data-pointer check); parameters are re-registered if their storage
   moves (``load_state_dict(assign=True)``, ``to_empty``).
 
+FSDP2 support needs torch >= 2.7 (:data:`MIN_TORCH_FSDP2`): below it
+:func:`prepare_fsdp2`, and the projector on sharded factors, raise a
+RuntimeError that says so. A DDP-wrapped or unsharded model needs no FSDP2.
+
 When the projections run (:meth:`ShardedOSFTProjector.attach`):
 ``gradients="step"`` (default) projects the gradients in an optimizer
 step pre-hook -- after FSDP2's reduce-scatter or DDP's all-reduce has
@@ -45,6 +49,7 @@ scattered afterwards.
 """
 from __future__ import annotations
 
+import re
 import weakref
 
 import torch
@@ -53,11 +58,31 @@ import torch.nn as nn
 from .. import Communicator
 from ._common import context_for
 from .linear import OSFTLinear
-from .projector import OSFTProjector
+from .projector import OSFTProjector, _ProjectionHooks
 
-__all__ = ["prepare_fsdp2", "ShardedOSFTProjector", "shard_aware_projector", "shard_sizes", "FROZEN_FACTORS"]
+__all__ = ["prepare_fsdp2", "ShardedOSFTProjector", "shard_aware_projector", "shard_sizes", "FROZEN_FACTORS",
+           "MIN_TORCH_FSDP2"]
 
 FROZEN_FACTORS = ("u_high", "s_high", "v_high")
+
+#: The oldest torch of the FSDP2 support: the tests (gloo, CPU) pass on 2.7,
+#: 2.11 and 2.15. 2.6, the first with ``torch.distributed.fsdp.fully_shard``,
+#: fails inside FSDP2 on CPU tensors (its all-gather stream has no
+#: ``record_event``); 2.4 and 2.5 have FSDP2 only as
+#: ``torch.distributed._composable``, untested.
+MIN_TORCH_FSDP2 = (2, 7)
+
+
+def _torch_version():
+    """(major, minor) of the torch in use ((0, 0) where it does not parse)."""
+    m = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    return tuple(map(int, m.groups())) if m else (0, 0)
+
+
+def _require_fsdp2(what):
+    if _torch_version() < MIN_TORCH_FSDP2:
+        raise RuntimeError("%s: OSFT under FSDP2 needs torch >= %d.%d, this is torch %s" % (
+            (what,) + MIN_TORCH_FSDP2 + (torch.__version__,)))
 
 
 def _dtensor_type():
@@ -103,6 +128,7 @@ def prepare_fsdp2(model: nn.Module) -> nn.Module:
     ``MixedPrecisionPolicy`` casts them like the trainable factors. Call
     after the conversion and before ``fully_shard``; idempotent. Returns
     `model`."""
+    _require_fsdp2("prepare_fsdp2")
     for m in model.modules():
         if not isinstance(m, OSFTLinear):
             continue
@@ -129,6 +155,7 @@ def _placement(t):
     """("rep", None, None) or ("shard", dim, group) of a factor."""
     if not _is_dtensor(t):
         return ("rep", None, None)
+    _require_fsdp2("ShardedOSFTProjector")
     mesh, places = t.device_mesh, t.placements
     shard = [(i, p) for i, p in enumerate(places) if p.is_shard()]
     if any(not (p.is_shard() or p.is_replicate()) for p in places):
@@ -142,7 +169,20 @@ def _placement(t):
     return ("shard", p.dim, group)
 
 
-class ShardedOSFTProjector:
+def _group_key(group):
+    """What identifies a process group for the projector's collectives: its
+    ranks, in order, and its backend -- not the Python object. With a GPU
+    present and a gloo default group, torch (2.11 and 2.15 at least) gives
+    every 1-D DeviceMesh over all ranks a group of its own
+    (``new_group(ranks=all)`` in ``DeviceMesh._init_one_process_group``),
+    and ``fully_shard`` without ``mesh=`` builds a new default mesh per
+    call: the layers of one model then hold different, equivalent groups."""
+    import torch.distributed as dist
+
+    return (tuple(dist.get_process_group_ranks(group)), str(dist.get_backend(group)))
+
+
+class ShardedOSFTProjector(_ProjectionHooks):
     """The OSFT gradient and parameter projection of a model whose
     OSFTLinear factors are FSDP2-sharded DTensors, DDP-replicated or plain
     tensors (see the module's docstring). Build it after ``fully_shard`` (or
@@ -170,7 +210,6 @@ class ShardedOSFTProjector:
         self._grad_keys = []
         self._param_key = None
         self._hooks = []
-        self._queued = False
         self.layouts = {}
         self.rebuilds = 0
         self.projections = {"gradients": 0, "parameters": 0}
@@ -196,8 +235,11 @@ class ShardedOSFTProjector:
         group = self._group_arg
         if group is None and groups:
             group = groups[0]
-            if any(g is not group for g in groups):
-                raise NotImplementedError("OSFT factors sharded over different process groups")
+            key = _group_key(group)
+            keys = {key} | {_group_key(g) for g in groups[1:] if g is not group}
+            if len(keys) > 1:
+                raise NotImplementedError("OSFT factors sharded over different process groups (ranks, backend): %s"
+                                          % sorted(keys))
         if self._context is None:
             self._context = self._comm.context if self._comm is not None else context_for(_local(self._mods[0].u_low), None)
         if self._comm is None:
@@ -339,67 +381,19 @@ class ShardedOSFTProjector:
         if gradients not in ("step", "backward"):
             raise ValueError("gradients must be 'step' or 'backward'")
         self.detach()
-        ref = weakref.ref(self)
         if gradients == "backward":
+            ref = weakref.ref(self)
             for m in self._mods:
                 self._hooks.append(m.register_forward_hook(_forward_hook(ref)))
-        if optimizer is not None:
-            if gradients == "step":
-                self._hooks.append(optimizer.register_step_pre_hook(lambda *a: self.project_gradients()))
-            self._hooks.append(optimizer.register_step_post_hook(lambda *a: self.project_parameters()))
-        else:
-            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
-            owners = weakref.WeakKeyDictionary()
-
-            def owned(opt):
-                p = ref()
-                if p is None:
-                    return None
-                o = owners.get(opt)
-                if o is None:
-                    o = owners[opt] = p._owns(opt)
-                return p if o else None
-
-            def pre(opt, args, kwargs):
-                p = owned(opt)
-                if p is not None:
-                    p.project_gradients()
-
-            def post(opt, args, kwargs):
-                p = owned(opt)
-                if p is not None:
-                    p.project_parameters()
-
-            if gradients == "step":
-                self._hooks.append(register_optimizer_step_pre_hook(pre))
-            self._hooks.append(register_optimizer_step_post_hook(post))
+        self._hook_steps(optimizer, gradients=gradients == "step")
         return self
 
-    def _owns(self, optimizer):
-        ids = {id(p) for m in self._mods for p in (m.u_low, m.v_low)}
-        return any(id(p) in ids for g in optimizer.param_groups for p in g["params"])
+    def _factors(self):
+        return [p for m in self._mods for p in (m.u_low, m.v_low)]
 
-    def detach(self):
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-
-    def _on_output_grad(self, grad):
-        if not self._queued:
-            self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._requeue)
-        return grad
-
-    def _requeue(self):
-        # queued again from inside the final callbacks, so it runs after
-        # every callback queued during the backward (FSDP2's reduce-scatter
-        # finalization, DDP's finalize_backward)
-        torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
-
-    def _after_backward(self):
-        self._queued = False
-        self.project_gradients()
+    # the gradient projection of gradients="backward" runs after FSDP2's /
+    # DDP's own end-of-backward callbacks
+    _after_final_callbacks = True
 
     def close(self):
         self.detach()
@@ -410,19 +404,12 @@ class ShardedOSFTProjector:
             self._comm.close()
         self._comm = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
 
 def _forward_hook(ref):
     def hook(module, args, output):
         p = ref()
         if p is not None and torch.is_grad_enabled() and isinstance(output, torch.Tensor) and output.requires_grad:
-            output.register_hook(p._on_output_grad)
+            output.register_hook(p._on_grad)
 
     return hook
 

@@ -32,7 +32,67 @@ def _layout(kind, layout):
     return _LAYOUTS[layout]
 
 
-class OSFTProjector:
+class _ProjectionHooks:
+    """What :class:`OSFTProjector` and
+    :class:`~osftrt.torch.distributed.ShardedOSFTProjector` share to run
+    their projections by themselves: the hook handles (:meth:`detach`), the
+    once-per-backward callback that projects the gradients, the optimizer
+    step hooks and the context manager. A subclass sets ``self._hooks = []``
+    and provides ``project_gradients()``, ``project_parameters()``,
+    ``close()`` and ``_factors()`` (the trainable factors: an optimizer that
+    holds one of them is followed)."""
+
+    #: True: the gradient projection is queued again from inside the final
+    #: callbacks of the backward, so that it runs after every callback queued
+    #: during it (FSDP2's reduce-scatter finalization, DDP's finalize_backward)
+    _after_final_callbacks = False
+    _backward_queued = False
+
+    def detach(self):
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def _on_grad(self, grad):
+        if not self._backward_queued:
+            self._backward_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(
+                self._requeue if self._after_final_callbacks else self._after_backward
+            )
+        return grad
+
+    def _requeue(self):
+        torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
+
+    def _after_backward(self):
+        self._backward_queued = False
+        self.project_gradients()
+
+    def _hook_steps(self, optimizer, *, gradients):
+        """The hooks on `optimizer`'s steps (None: on the steps of any
+        optimizer that holds one of the factors): the parameter projection
+        after every step and, with `gradients`, the gradient projection
+        before it. Appended to self._hooks."""
+        if optimizer is None:
+            self._hooks += _around_any_step(self, gradients)
+            return
+        if gradients:
+            self._hooks.append(optimizer.register_step_pre_hook(lambda *unused: self.project_gradients()))
+        self._hooks.append(_after_step(optimizer, self.project_parameters))
+
+    def _owns(self, optimizer):
+        ids = {id(p) for p in self._factors()}
+        return any(id(p) in ids for g in optimizer.param_groups for p in g["params"])
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+class OSFTProjector(_ProjectionHooks):
     """Keeps OSFT updates orthogonal to the frozen subspace.
 
     ``OSFTProjector(model)`` registers every OSFTLinear of the model;
@@ -58,7 +118,6 @@ class OSFTProjector:
         self._comm_arg = comm
         self._check = check_consistency
         self._hooks = []
-        self._backward_queued = False
         self.projections = {"gradients": 0, "parameters": 0}
         if model is not None:
             mods = [model] if isinstance(model, OSFTLinear) else [m for m in (model.modules() if isinstance(model, nn.Module) else model) if isinstance(m, OSFTLinear)]
@@ -199,33 +258,11 @@ class OSFTProjector:
         for m in self._modules:
             for p in (m.u_low, m.v_low):
                 self._hooks.append(p.register_hook(self._on_grad))
-        if optimizer is not None:
-            self._hooks.append(_after_step(optimizer, self._on_step))
-        else:
-            self._hooks.append(_after_any_step(self))
+        self._hook_steps(optimizer, gradients=False)
         return self
 
-    def detach(self):
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-
-    def _on_grad(self, grad):
-        if not self._backward_queued:
-            self._backward_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
-        return grad
-
-    def _after_backward(self):
-        self._backward_queued = False
-        self.project_gradients()
-
-    def _on_step(self, *unused):
-        self.project_parameters()
-
-    def _owns(self, optimizer):
-        ids = {id(p) for m in self._modules for p in (m.u_low, m.v_low)}
-        return any(id(p) in ids for g in optimizer.param_groups for p in g["params"])
+    def _factors(self):
+        return [p for m in self._modules for p in (m.u_low, m.v_low)]
 
     def close(self):
         self.detach()
@@ -235,13 +272,6 @@ class OSFTProjector:
         if self._comm is not None and self._comm is not self._comm_arg:
             self._comm.close()
         self._comm = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
 
 
 class _Removable:
@@ -265,24 +295,37 @@ def _after_step(optimizer, fn):
     return _Removable(lambda: optimizer.__dict__.pop("step", None))
 
 
-def _after_any_step(projector):
-    """The parameter projection after the step of any optimizer that holds
-    one of the projector's factors (the global hook of torch >= 2.0)."""
+def _around_any_step(projector, gradients):
+    """Torch's global optimizer hooks (torch >= 2.0) for the steps of any
+    optimizer that holds one of the projector's factors (an optimizer that
+    ``transformers.Trainer`` creates later included): the parameter
+    projection after the step and, with `gradients`, the gradient projection
+    before it. Hold the projector weakly. Returns the handles."""
     try:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     except ImportError as e:  # torch 1.13
         raise RuntimeError("attach() without an optimizer needs torch >= 2.0; pass the optimizer") from e
     ref = weakref.ref(projector)
     owners = weakref.WeakKeyDictionary()
 
-    def hook(optimizer, args, kwargs):
+    def owner(optimizer):
         p = ref()
         if p is None:
-            return
+            return None
         owns = owners.get(optimizer)
         if owns is None:
             owns = owners[optimizer] = p._owns(optimizer)
-        if owns:
+        return p if owns else None
+
+    def pre(optimizer, args, kwargs):
+        p = owner(optimizer)
+        if p is not None:
+            p.project_gradients()
+
+    def post(optimizer, args, kwargs):
+        p = owner(optimizer)
+        if p is not None:
             p.project_parameters()
 
-    return register_optimizer_step_post_hook(hook)
+    handles = [register_optimizer_step_pre_hook(pre)] if gradients else []
+    return handles + [register_optimizer_step_post_hook(post)]
