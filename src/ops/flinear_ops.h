@@ -71,6 +71,21 @@ osft_flinear_options_t read_flinear_options(const osft_flinear_options_t *user);
 struct GradRequest {
   bool x = true, u = true, s = true, v = true, bias = true;
 };
+/* What the cost model reads of a layer and its context. */
+struct PlanShape {
+  int64_t n = 0, kin = 0, r = 0, l = 0;
+  osfti_dtype_t factor_dtype = OSFTI_F32;
+  osft_flinear_strategy_t strategy = OSFT_FLINEAR_AUTO;
+  bool cuda = false, allow_tf32 = false;
+  bool kept = false; /* the rebuilt W is kept between calls (fingerprints) */
+  size_t workspace_limit = 0;
+};
+PlanShape plan_shape(const Layer &layer);
+/* The relative cost of an fp32-operand GEMM flop next to a compute-dtype one. */
+double fp32_gemm_weight(bool cuda, bool allow_tf32, osfti_dtype_t compute) noexcept;
+osft_flinear_strategy_t choose_strategy(const PlanShape &shape, int64_t tokens,
+                                        osft_flinear_pass_t pass, const GradRequest &want,
+                                        osfti_dtype_t compute);
 osft_flinear_strategy_t choose_strategy(const Layer &layer, int64_t tokens,
                                         osft_flinear_pass_t pass, const GradRequest &want,
                                         osfti_dtype_t compute);
@@ -91,5 +106,14 @@ void backward(Layer &layer, const DLTensor *x, const DLTensor *grad_y,
               const osft_flinear_grads_t &grads);
 
 }  // namespace osft
+
+/* The cost model's choice (an osft_flinear_strategy_t) for a layer shape on
+ * a device, without a layer: for tests/c/test_flinear_plan.c. want: bit 0
+ * grad_x, 1 grad_u_low, 2 grad_s_low, 3 grad_v_low, 4 grad_bias. */
+extern "C" int osfti_flinear_plan_choice(int cuda, int allow_tf32, int kept, int64_t n,
+                                         int64_t kin, int64_t r, int64_t l,
+                                         int factor_bf16, int compute_bf16,
+                                         int64_t tokens, int backward, unsigned want,
+                                         size_t workspace_limit);
 
 #endif

@@ -1,6 +1,7 @@
-/* Factorized linear: the cost model that picks a strategy per call. Flops
- * decide; scratch memory rules out a strategy that would not fit the
- * context's workspace limit. */
+/* Factorized linear: the cost model that picks a strategy per call. GEMM
+ * time decides, counted as flops weighted by how fast the device runs each
+ * GEMM's operand type; scratch memory rules out a strategy that would not
+ * fit the context's workspace limit. */
 #include <algorithm>
 
 #include "core/logging.h"
@@ -10,11 +11,13 @@ namespace osft {
 namespace {
 
 struct Cost {
-  double flops = 0.0;
-  double bytes = 0.0; /* workspace needed */
+  double flops = 0.0;   /* GEMMs on operands of the compute dtype */
+  double flops32 = 0.0; /* GEMMs on fp32 operands (the dense form's rebuild, P, Q) */
+  double bytes = 0.0;   /* workspace needed */
+  double time(double fp32_weight) const { return flops + fp32_weight * flops32; }
 };
 
-Cost factorized_cost(const Layer &l, double m, osft_flinear_pass_t pass,
+Cost factorized_cost(const PlanShape &l, double m, osft_flinear_pass_t pass,
                      const GradRequest &w, double ec) {
   const double n = l.n, kin = l.kin, lo = l.l, k = l.r + l.l;
   Cost c;
@@ -35,31 +38,38 @@ Cost factorized_cost(const Layer &l, double m, osft_flinear_pass_t pass,
   return c;
 }
 
-Cost dense_cost(const Layer &l, double m, osft_flinear_pass_t pass, const GradRequest &w,
-                double ec) {
+/* flinear_compute.cpp's dense form: W = W_high + (U_low diag(S_low)) V_low
+ * is rebuilt by an fp32 GEMM; y = x W^T and dx = g W run in the compute
+ * dtype, as does G = g^T x (compute-dtype operands, fp32 result); the
+ * factor gradients P = U_low^T G and Q = G V_low^T are fp32 GEMMs. */
+Cost dense_cost(const PlanShape &l, double m, osft_flinear_pass_t pass,
+                const GradRequest &w, double ec) {
   const double n = l.n, kin = l.kin, lo = l.l, width = std::max(l.r, l.l);
   /* Where the backend fingerprints the trainable factors, the layer keeps
    * the rebuilt W between calls: one rebuild per step, paid by the
    * forward, and W lives outside the workspace. */
-  const bool kept = backend(*l.ctx).fingerprint != nullptr;
+  const bool kept = l.kept;
   const double rebuild = 2.0 * n * kin * lo + n * kin;
   const double weight_bytes = (kept ? 0.0 : n * kin * 4.0) +
                               (ec != 4.0 ? n * kin * ec : 0.0) + n * width * 4.0 +
                               (l.factor_dtype != OSFTI_F32 ? width * kin * 4.0 : 0.0);
   Cost c;
   if (pass == OSFT_FLINEAR_FORWARD) {
-    c.flops = rebuild + 2.0 * m * n * kin;
+    c.flops32 = rebuild;
+    c.flops = 2.0 * m * n * kin;
     c.bytes = weight_bytes;
     return c;
   }
   const bool low = w.u || w.v || w.s;
   if (w.x) {
-    c.flops += (kept ? 0.0 : rebuild) + 2.0 * m * n * kin;
+    c.flops32 += kept ? 0.0 : rebuild;
+    c.flops += 2.0 * m * n * kin;
     c.bytes = weight_bytes;
   }
   if (low) {
-    c.flops += 2.0 * m * n * kin + ((w.v || w.s) ? 2.0 * n * kin * lo : 0.0) +
-               (w.u ? 2.0 * n * kin * lo : 0.0);
+    c.flops += 2.0 * m * n * kin;
+    c.flops32 +=
+        ((w.v || w.s) ? 2.0 * n * kin * lo : 0.0) + (w.u ? 2.0 * n * kin * lo : 0.0);
     c.bytes += (kept || !w.x ? n * kin * 4.0 : 0.0) + (n + kin) * lo * 8.0;
   }
   return c;
@@ -71,28 +81,95 @@ const char *name(osft_flinear_strategy_t s) {
 
 }  // namespace
 
-osft_flinear_strategy_t choose_strategy(const Layer &l, int64_t tokens,
+/* What an fp32-operand GEMM flop costs next to a compute-dtype one. On the
+ * CPU engines both run on the same vector units at fp32 throughput (the
+ * bf16 GEMMs widen), so a flop is a flop. On CUDA, bf16 GEMMs run on the
+ * tensor cores and fp32 ones, without TF32, on the CUDA cores: an H100 or
+ * H200 peaks at 989 TFLOP/s bf16 dense against 67 TFLOP/s fp32 (14.8x),
+ * and the H200 run (bench/results/flinear_h200.csv, cuda_validation_h200.md)
+ * measured about 18x for the dense form's fp32 GEMMs (4096^2, 8192 tokens,
+ * rank ratio 0.5: 7.21 ms for cuBLAS's 1.03 ms of bf16 GEMMs plus 275 GFLOP
+ * of fp32 ones) and 26x on the smaller 1024x4096. With TF32 allowed, fp32
+ * GEMMs run at half the bf16 rate (495 TFLOP/s). */
+double fp32_gemm_weight(bool cuda, bool allow_tf32, osfti_dtype_t compute) noexcept {
+  if (!cuda || compute == OSFTI_F32) return 1.0;
+  return allow_tf32 ? 2.0 : 16.0;
+}
+
+osft_flinear_strategy_t choose_strategy(const PlanShape &shape, int64_t tokens,
                                         osft_flinear_pass_t pass, const GradRequest &want,
                                         osfti_dtype_t compute) {
-  if (l.strategy != OSFT_FLINEAR_AUTO) return l.strategy;
+  if (shape.strategy != OSFT_FLINEAR_AUTO) return shape.strategy;
   const double m = static_cast<double>(tokens);
   const double ec = static_cast<double>(osfti_dtype_size(compute));
-  const Cost f = factorized_cost(l, m, pass, want, ec);
-  const Cost d = dense_cost(l, m, pass, want, ec);
-  const double limit = static_cast<double>(l.ctx->workspace_limit);
+  const Cost f = factorized_cost(shape, m, pass, want, ec);
+  const Cost d = dense_cost(shape, m, pass, want, ec);
+  const double limit = static_cast<double>(shape.workspace_limit);
   const bool dense_fits = limit == 0.0 || d.bytes <= limit;
+  const double w32 = fp32_gemm_weight(shape.cuda, shape.allow_tf32, compute);
+  const double tf = f.time(w32), td = d.time(w32);
   const osft_flinear_strategy_t s =
-      dense_fits && d.flops < f.flops ? OSFT_FLINEAR_DENSE : OSFT_FLINEAR_FACTORIZED;
-  log_message(
-      OSFT_LOG_DEBUG,
-      "flinear %lldx%lld r=%lld l=%lld, M=%lld %s: factorized %.3g flop / %.3g B, "
-      "dense %.3g flop / %.3g B -> %s",
-      static_cast<long long>(l.n), static_cast<long long>(l.kin),
-      static_cast<long long>(l.r), static_cast<long long>(l.l),
-      static_cast<long long>(tokens),
-      pass == OSFT_FLINEAR_FORWARD ? "forward" : "backward", f.flops, f.bytes, d.flops,
-      d.bytes, name(s));
+      dense_fits && td < tf ? OSFT_FLINEAR_DENSE : OSFT_FLINEAR_FACTORIZED;
+  log_message(OSFT_LOG_DEBUG,
+              "flinear %lldx%lld r=%lld l=%lld, M=%lld %s%s: factorized %.3g flop / "
+              "%.3g B, dense %.3g flop + %.3g fp32 flop (x%g) / %.3g B -> %s",
+              static_cast<long long>(shape.n), static_cast<long long>(shape.kin),
+              static_cast<long long>(shape.r), static_cast<long long>(shape.l),
+              static_cast<long long>(tokens),
+              pass == OSFT_FLINEAR_FORWARD ? "forward" : "backward",
+              shape.cuda ? " (cuda)" : "", tf, f.bytes, d.flops, d.flops32, w32, d.bytes,
+              name(s));
   return s;
 }
 
+PlanShape plan_shape(const Layer &l) {
+  PlanShape p;
+  p.n = l.n;
+  p.kin = l.kin;
+  p.r = l.r;
+  p.l = l.l;
+  p.factor_dtype = l.factor_dtype;
+  p.strategy = l.strategy;
+  p.cuda = on_cuda(*l.ctx);
+  p.allow_tf32 = l.ctx->allow_tf32;
+  p.kept = backend(*l.ctx).fingerprint != nullptr;
+  p.workspace_limit = l.ctx->workspace_limit;
+  return p;
+}
+
+osft_flinear_strategy_t choose_strategy(const Layer &l, int64_t tokens,
+                                        osft_flinear_pass_t pass, const GradRequest &want,
+                                        osfti_dtype_t compute) {
+  return choose_strategy(plan_shape(l), tokens, pass, want, compute);
+}
+
 }  // namespace osft
+
+/* The planner without a layer or a device, for its unit test
+ * (tests/c/test_flinear_plan.c): any device's choice on any machine. */
+extern "C" int osfti_flinear_plan_choice(int cuda, int allow_tf32, int kept, int64_t n,
+                                         int64_t kin, int64_t r, int64_t l,
+                                         int factor_bf16, int compute_bf16,
+                                         int64_t tokens, int backward, unsigned want,
+                                         size_t workspace_limit) {
+  osft::PlanShape p;
+  p.n = n;
+  p.kin = kin;
+  p.r = r;
+  p.l = l;
+  p.factor_dtype = factor_bf16 ? OSFTI_BF16 : OSFTI_F32;
+  p.strategy = OSFT_FLINEAR_AUTO;
+  p.cuda = cuda != 0;
+  p.allow_tf32 = allow_tf32 != 0;
+  p.kept = kept != 0;
+  p.workspace_limit = workspace_limit;
+  osft::GradRequest g;
+  g.x = (want & 1u) != 0;
+  g.u = (want & 2u) != 0;
+  g.s = (want & 4u) != 0;
+  g.v = (want & 8u) != 0;
+  g.bias = (want & 16u) != 0;
+  return osft::choose_strategy(p, tokens,
+                               backward ? OSFT_FLINEAR_BACKWARD : OSFT_FLINEAR_FORWARD, g,
+                               compute_bf16 ? OSFTI_BF16 : OSFTI_F32);
+}

@@ -1,0 +1,147 @@
+/* The OSFT layer's cost model (src/ops/flinear_plan.cpp) for any device,
+ * without one: which strategy it picks for the shapes whose two forms were
+ * timed. On an H200 (bench/results/flinear_h200.csv, bf16, 8192 tokens,
+ * rank ratio 0.5) the factorized form took 2.27, 0.47, 4.49 and 4.81 ms
+ * for 4096x4096, 1024x4096, 14336x4096 and 4096x14336, the dense-rebuild
+ * form 7.21, 0.87, 10.1 and 10.3 ms: its rebuild and factor-gradient GEMMs
+ * are fp32, about 18x slower there than the bf16 ones. Pure logic: runs
+ * without a GPU. */
+#include "test_tensors.h"
+#include "test_util.h"
+
+/* src/ops/flinear_ops.h (tests may not include src/ops/). */
+int osfti_flinear_plan_choice(int cuda, int allow_tf32, int kept, int64_t n, int64_t kin,
+                              int64_t r, int64_t l, int factor_bf16, int compute_bf16,
+                              int64_t tokens, int backward, unsigned want,
+                              size_t workspace_limit);
+
+enum { WANT_X = 1, WANT_U = 2, WANT_S = 4, WANT_V = 8, WANT_BIAS = 16, WANT_ALL = 31 };
+
+typedef struct {
+  int64_t n, kin;
+} plan_shape_t;
+
+/* The H200 run's shapes (Llama-3.1-8B's projections). */
+static const plan_shape_t kLlama[4] = {
+    {4096, 4096}, {1024, 4096}, {14336, 4096}, {4096, 14336}};
+
+/* A CUDA layer (no fingerprints: the rebuilt W is not kept), bf16 factors
+ * and activations, rank ratio 0.5. */
+static int cuda_bf16(plan_shape_t s, int64_t tokens, int backward, int tf32) {
+  const int64_t k = s.n < s.kin ? s.n : s.kin;
+  return osfti_flinear_plan_choice(1, tf32, 0, s.n, s.kin, k / 2, k - k / 2, 1, 1, tokens,
+                                   backward, WANT_ALL, 0);
+}
+
+static void test_cuda_bf16_picks_the_measured_faster_form(void **state) {
+  (void)state;
+  for (int i = 0; i < 4; ++i)
+    for (int backward = 0; backward < 2; ++backward)
+      assert_int_equal(cuda_bf16(kLlama[i], 8192, backward, 0), OSFT_FLINEAR_FACTORIZED);
+}
+
+static void test_cuda_bf16_factorized_at_any_token_count(void **state) {
+  (void)state;
+  /* The dense form's fp32 rebuild alone outweighs what it saves: tokens
+   * only add to the factorized form's lead less than the dense form's
+   * bf16 GEMMs' (both grow linearly). */
+  for (int i = 0; i < 4; ++i)
+    for (int64_t m = 1; m <= (1 << 17); m *= 8)
+      assert_int_equal(cuda_bf16(kLlama[i], m, 1, 0), OSFT_FLINEAR_FACTORIZED);
+}
+
+static void test_cpu_counts_flops_alike(void **state) {
+  (void)state;
+  /* On the CPU a flop is a flop: with many tokens the dense form (half the
+   * GEMM flops at rank ratio 0.5) wins, with few the factorized one. */
+  const plan_shape_t sq = {2048, 2048};
+  for (int backward = 0; backward < 2; ++backward) {
+    assert_int_equal(osfti_flinear_plan_choice(0, 0, 1, sq.n, sq.kin, 1024, 1024, 0, 0,
+                                               4096, backward, WANT_ALL, 0),
+                     OSFT_FLINEAR_DENSE);
+    assert_int_equal(osfti_flinear_plan_choice(0, 0, 1, sq.n, sq.kin, 1024, 1024, 0, 0,
+                                               16, backward, WANT_ALL, 0),
+                     OSFT_FLINEAR_FACTORIZED);
+  }
+  /* bf16 on the CPU: unchanged, flops decide too. */
+  assert_int_equal(osfti_flinear_plan_choice(0, 0, 1, sq.n, sq.kin, 1024, 1024, 1, 1,
+                                             4096, 0, WANT_ALL, 0),
+                   OSFT_FLINEAR_DENSE);
+}
+
+static void test_cuda_fp32_counts_flops_alike(void **state) {
+  (void)state;
+  /* fp32 activations on CUDA: every GEMM of both forms is fp32, so the
+   * choice is the flop count's, as on a CPU without the kept W. */
+  for (int i = 0; i < 4; ++i) {
+    const plan_shape_t s = kLlama[i];
+    const int64_t k = s.n < s.kin ? s.n : s.kin;
+    for (int backward = 0; backward < 2; ++backward)
+      for (int tf32 = 0; tf32 < 2; ++tf32)
+        assert_int_equal(osfti_flinear_plan_choice(1, tf32, 0, s.n, s.kin, k / 2, k / 2,
+                                                   0, 0, 8192, backward, WANT_ALL, 0),
+                         osfti_flinear_plan_choice(0, 0, 0, s.n, s.kin, k / 2, k / 2, 0,
+                                                   0, 8192, backward, WANT_ALL, 0));
+  }
+}
+
+static void test_cuda_tf32_makes_the_rebuild_cheaper(void **state) {
+  (void)state;
+  /* With TF32 the fp32 GEMMs run at half the bf16 rate: the square layer's
+   * forward at many tokens goes dense again (275 GFLOP bf16 + 69 GFLOP
+   * fp32 x 2 < 550 GFLOP factorized), while the backward (its rebuild
+   * again, then P and Q) stays factorized. */
+  assert_int_equal(cuda_bf16(kLlama[0], 8192, 0, 1), OSFT_FLINEAR_DENSE);
+  assert_int_equal(cuda_bf16(kLlama[0], 8192, 1, 1), OSFT_FLINEAR_FACTORIZED);
+  assert_int_equal(cuda_bf16(kLlama[0], 8192, 0, 0), OSFT_FLINEAR_FACTORIZED);
+}
+
+static void test_workspace_limit_rules_out_dense(void **state) {
+  (void)state;
+  assert_int_equal(osfti_flinear_plan_choice(0, 0, 0, 2048, 2048, 1024, 1024, 0, 0, 4096,
+                                             1, WANT_ALL, 1u << 20),
+                   OSFT_FLINEAR_FACTORIZED);
+}
+
+static void test_public_report_matches(void **state) {
+  (void)state;
+  /* osft_flinear_choose_strategy on a layer of the device under test (the
+   * CUDA twin: a GPU, where one is present) agrees with the model for that
+   * device: fp32 factors there, so the report's compute dtype is fp32. */
+  if (!tt_device_present()) return;
+  osft_context_t ctx = tt_context(NULL);
+  const int64_t shape[2] = {64, 48};
+  tt *w = tt_new(TT_F32, 2, shape);
+  tt_random(w, -0.5, 0.5);
+  osft_flinear_options_t o;
+  assert_ok(OSFT_FLINEAR_OPTIONS_INIT(&o));
+  o.rank_ratio = 0.5;
+  osft_flinear_t layer;
+  assert_ok(osft_flinear_create_from_weight(ctx, &w->t, &o, &layer));
+  const int cuda = tt_device() == OSFT_DEVICE_CUDA;
+  for (int64_t m = 1; m <= 65536; m *= 16)
+    for (int backward = 0; backward < 2; ++backward) {
+      osft_flinear_strategy_t s;
+      assert_ok(osft_flinear_choose_strategy(
+          layer, m, backward ? OSFT_FLINEAR_BACKWARD : OSFT_FLINEAR_FORWARD, &s));
+      assert_int_equal(
+          s, osfti_flinear_plan_choice(cuda, 0, !cuda, shape[0], shape[1], 24, 24, 0, 0,
+                                       m, backward, WANT_ALL, 0));
+    }
+  osft_flinear_destroy(layer);
+  osft_context_destroy(ctx);
+  tt_free(w);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cuda_bf16_picks_the_measured_faster_form),
+      cmocka_unit_test(test_cuda_bf16_factorized_at_any_token_count),
+      cmocka_unit_test(test_cpu_counts_flops_alike),
+      cmocka_unit_test(test_cuda_fp32_counts_flops_alike),
+      cmocka_unit_test(test_cuda_tf32_makes_the_rebuild_cheaper),
+      cmocka_unit_test(test_workspace_limit_rules_out_dense),
+      cmocka_unit_test(test_public_report_matches),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
