@@ -61,8 +61,11 @@ elseif(osftrt_cpu_blas STREQUAL "mkl")
       "libmkl_core) was not found: run `bash .ci/setup.sh --mkl` (PyPI's mkl-devel "
       "into /opt/osftrt/mkl), install Debian's libmkl-dev, or set OSFTRT_MKL_ROOT.")
   endif()
-  # MKL's GNU threading layer runs on GCC's libgomp.
-  find_package(OpenMP REQUIRED COMPONENTS C)
+  # MKL's GNU threading layer runs on GCC's libgomp; the engine's
+  # parallel_for runs the element-wise passes on the same OpenMP team.
+  find_package(OpenMP REQUIRED COMPONENTS C CXX)
+  set_source_files_properties(src/cpu/blas_mkl_cpu.cpp PROPERTIES
+    COMPILE_OPTIONS "${OpenMP_CXX_FLAGS}")
   if(OpenMP_gomp_LIBRARY)
     set(osftrt_mkl_omp "${OpenMP_gomp_LIBRARY}")
   else()

@@ -3,12 +3,15 @@
  * osft_build_info() says about the engine. Built from
  * src/cpu/blas_openblas_cpu.cpp (OpenBLAS + LAPACK, the default) or
  * src/cpu/blas_mkl_cpu.cpp (oneMKL), so no other file tests a macro or
- * includes an engine's headers. Arguments arrive checked (32-bit
- * dimensions); the calls have the CBLAS/LAPACK semantics of their names. */
+ * includes an engine's headers (src/cpu/blas_cblas_cpu.cpp holds the CBLAS
+ * calls both share). Arguments arrive checked (32-bit dimensions); the
+ * calls have the CBLAS/LAPACK semantics of their names. Also the vector
+ * helpers and rows (osft::simd) of the kernels' element-wise passes. */
 #ifndef OSFTRT_SRC_CORE_CPU_BLAS_H
 #define OSFTRT_SRC_CORE_CPU_BLAS_H
 
 #include <cstdint>
+#include <cstring>
 #include <functional>
 
 #include "core/bf16.h"
@@ -25,15 +28,16 @@ const char *describe() noexcept;
 int threads() noexcept;
 void set_threads(int n) noexcept;
 
-/* Runs body(begin, end) over [0, n) split into up to hardware_concurrency
- * parts of at least `grain` items, the calling thread taking the first:
- * the element-wise passes between the GEMMs (src/cpu/parallel_cpu.cpp, the
- * same for every engine). Threads of their own, joined before return: an
- * OpenMP team (oneMKL's) would be faster on an idle machine but, with
- * OpenMP's default active waiting, its spinning threads made the tiled MLP
- * 2-3x slower whenever the cores were shared. body must not throw. */
+/* Runs body(begin, end) over [0, n) split into one part per thread, of
+ * at least `grain` items, the calling thread taking the first: the
+ * element-wise passes between the GEMMs. Each engine file picks the
+ * threads (why: the comment at each definition); body must not throw. */
 void parallel_for(int64_t n, int64_t grain,
                   const std::function<void(int64_t, int64_t)> &body);
+/* The same on threads of our own, up to hardware_concurrency parts, joined
+ * before return (src/cpu/parallel_cpu.cpp). */
+void parallel_for_threads(int64_t n, int64_t grain,
+                          const std::function<void(int64_t, int64_t)> &body);
 
 enum class Layout { row, col };
 
@@ -81,5 +85,115 @@ void gesdd_thin(int m, int n, double *a, int lda, double *s, double *u, int ldu,
                 int *info) noexcept;
 
 }  // namespace osft::blas
+
+/* Vector helpers of the CPU kernels' element-wise passes: 16 fp32 lanes in
+ * GCC vector extensions (one AVX-512 register, two AVX2 ones, four SSE
+ * ones), written once and compiled per instruction set by the kernels'
+ * OSFT_SIMD_CLONES functions, which pick the widest the CPU has at load
+ * time (the library itself is built for baseline x86-64). Helpers take
+ * vectors by reference (no vector ABI at a call) and are always inlined
+ * into the cloned loops, so each clone gets its own code. */
+namespace osft::simd {
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define OSFT_SIMD_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define OSFT_SIMD_CLONES
+#endif
+#define OSFT_SIMD_INLINE inline __attribute__((always_inline))
+
+constexpr int kLanes = 16;
+typedef float f32v __attribute__((vector_size(64)));
+typedef int32_t i32v __attribute__((vector_size(64)));
+typedef uint32_t u32v __attribute__((vector_size(64)));
+typedef uint16_t u16v __attribute__((vector_size(32)));
+
+OSFT_SIMD_INLINE void splat(f32v &v, float x) {
+  v = f32v{} + x;
+}
+
+OSFT_SIMD_INLINE void load(f32v &v, const float *p) {
+  std::memcpy(&v, p, sizeof v);
+}
+OSFT_SIMD_INLINE void load(f32v &v, const bf16 *p) {
+  u16v h;
+  std::memcpy(&h, p, sizeof h);
+  const u32v bits = __builtin_convertvector(h, u32v) << 16;
+  std::memcpy(&v, &bits, sizeof v);
+}
+OSFT_SIMD_INLINE void store(float *p, const f32v &v) {
+  std::memcpy(p, &v, sizeof v);
+}
+/* to_bf16 of every lane: round to nearest even, NaNs kept (quiet) NaNs, in
+ * integer arithmetic so that the bits are those of to_bf16 (the AVX512-BF16
+ * conversion would flush subnormals). */
+OSFT_SIMD_INLINE void store(bf16 *p, const f32v &v) {
+  u32v u;
+  std::memcpy(&u, &v, sizeof u);
+  const u32v rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const u32v nan = (u >> 16) | 0x40u;
+  const u32v r = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+  const u16v h = __builtin_convertvector(r, u16v);
+  std::memcpy(p, &h, sizeof h);
+}
+
+/* The first k lanes from p, the others `fill`; and their store. */
+template <class T>
+OSFT_SIMD_INLINE void load_partial(f32v &v, const T *p, int k, float fill) {
+  if (k == kLanes) return load(v, p);
+  splat(v, fill);
+  for (int l = 0; l < k; ++l) v[l] = to_float(p[l]);
+}
+OSFT_SIMD_INLINE void store_partial(float *p, const f32v &v, int k) {
+  if (k == kLanes) return store(p, v);
+  for (int l = 0; l < k; ++l) p[l] = v[l];
+}
+OSFT_SIMD_INLINE void store_partial(bf16 *p, const f32v &v, int k) {
+  if (k == kLanes) return store(p, v);
+  for (int l = 0; l < k; ++l) p[l] = to_bf16(v[l]);
+}
+
+/* e^x (Cephes' expf): x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-6
+ * polynomial (about 1 ulp), 2^n built in the exponent bits. Inputs are
+ * clamped to [-87, 88]: e^x never overflows, tiny results are ~1e-38, not
+ * 0; NaN stays NaN. */
+OSFT_SIMD_INLINE void exp(f32v &x) {
+  f32v lo, hi;
+  splat(lo, -87.0f);
+  splat(hi, 88.0f);
+  x = x < lo ? lo : x;
+  x = x > hi ? hi : x;
+  const float magic = 12582912.0f; /* 1.5 * 2^23: rounds to an integer */
+  const f32v n = (x * 1.44269504088896341f + magic) - magic;
+  f32v r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  f32v p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const i32v bits = (__builtin_convertvector(n, i32v) + 127) << 23;
+  f32v scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  x = p * scale;
+}
+
+/* Whole rows (src/cpu/simd_cpu.cpp, cloned per instruction set). */
+/* dst[0, n) = src widened to fp32 (exact). */
+void widen(const bf16 *src, float *dst, int64_t n) noexcept;
+/* dst[0, n) = to_bf16(src) (round to nearest even, NaN stays NaN). */
+void narrow(const float *src, bf16 *dst, int64_t n) noexcept;
+/* y[j] = a[j] * (s != nullptr ? s[j] : s0) + beta * y[j] for j in [0, n);
+ * y is not read when beta == 0; a may be y. */
+void scale(int64_t n, const float *a, const float *s, float s0, float beta,
+           float *y) noexcept;
+/* sums[j] += a[j] * b[j] (b == nullptr: a[j]) in fp64, for j in [0, n). */
+void accumulate(int64_t n, const float *a, const float *b, double *sums) noexcept;
+/* sum_j a[j] * b[j] (b == nullptr: a[j]), accumulated in fp64. */
+double dot(int64_t n, const float *a, const float *b) noexcept;
+
+}  // namespace osft::simd
 
 #endif

@@ -10,18 +10,8 @@
 #include "core/cpu_blas.h"
 
 namespace osft::blas {
-namespace {
 
 static_assert(sizeof(lapack_int) == sizeof(int), "LAPACK with 32-bit integers");
-
-CBLAS_ORDER order(Layout l) {
-  return l == Layout::row ? CblasRowMajor : CblasColMajor;
-}
-CBLAS_TRANSPOSE trans(Op op) {
-  return op == Op::N ? CblasNoTrans : CblasTrans;
-}
-
-}  // namespace
 
 const char *describe() noexcept {
   static const char *const text = [] {
@@ -40,17 +30,12 @@ void set_threads(int n) noexcept {
   openblas_set_num_threads(n);
 }
 
-void gemm(Layout layout, Op op_a, Op op_b, int m, int n, int k, float alpha,
-          const float *a, int lda, const float *b, int ldb, float beta, float *c,
-          int ldc) noexcept {
-  cblas_sgemm(order(layout), trans(op_a), trans(op_b), m, n, k, alpha, a, lda, b, ldb,
-              beta, c, ldc);
-}
-void gemm(Layout layout, Op op_a, Op op_b, int m, int n, int k, double alpha,
-          const double *a, int lda, const double *b, int ldb, double beta, double *c,
-          int ldc) noexcept {
-  cblas_dgemm(order(layout), trans(op_a), trans(op_b), m, n, k, alpha, a, lda, b, ldb,
-              beta, c, ldc);
+/* Threads of our own: OpenBLAS 0.3.21 cannot run a caller's work on its
+ * pool (its thread callback came in 0.3.27), and its idle threads yield
+ * rather than spin on the cores. */
+void parallel_for(int64_t n, int64_t grain,
+                  const std::function<void(int64_t, int64_t)> &body) {
+  parallel_for_threads(n, grain, body);
 }
 
 bool has_bf16_gemm() noexcept {
@@ -58,19 +43,6 @@ bool has_bf16_gemm() noexcept {
 }
 void gemm_bf16(Layout, Op, Op, int, int, int, float, const bf16 *, int, const bf16 *, int,
                float, float *, int) noexcept {}
-
-void syrk_upper_t(int n, int m, const double *a, int lda, double *c, int ldc) noexcept {
-  cblas_dsyrk(CblasColMajor, CblasUpper, CblasTrans, n, m, 1.0, a, lda, 0.0, c, ldc);
-}
-void trsm_right_upper(int m, int n, const double *r, int ldr, double *b,
-                      int ldb) noexcept {
-  cblas_dtrsm(CblasColMajor, CblasRight, CblasUpper, CblasNoTrans, CblasNonUnit, m, n,
-              1.0, r, ldr, b, ldb);
-}
-void trmm_left_upper(int n, const double *r, int ldr, double *b, int ldb) noexcept {
-  cblas_dtrmm(CblasColMajor, CblasLeft, CblasUpper, CblasNoTrans, CblasNonUnit, n, n, 1.0,
-              r, ldr, b, ldb);
-}
 
 /* OpenBLAS's transposing copy: about 8x faster than a tiled loop (fp32). */
 void transpose(int rows, int cols, const float *a, int lda, float *b, int ldb) noexcept {

@@ -331,7 +331,7 @@ void one_row(const RowSetup &s, int64_t i) {
       /* the block's gradient in fp32 first: its logits are read by then */
       float gbuf[kBlock];
       grad_block(s, gr, block_values(s, z, j0, n, buf), j0, n, yl, gbuf);
-      for (int j = 0; j < n; ++j) out16[j0 + j] = to_bf16(gbuf[j]);
+      simd::narrow(gbuf, out16 + j0, n);
     } else {
       grad_block(s, gr, block_values(s, z, j0, n, buf), j0, n, yl, out + j0);
     }

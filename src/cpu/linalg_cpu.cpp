@@ -1,8 +1,10 @@
 /* The CPU backend of src/backend/linalg_backend.h: GEMMs on the build's
  * engine (src/core/cpu_blas.h: OpenBLAS, or oneMKL); bf16 operands go to
  * the engine's bf16 GEMM where it has one, else are widened to fp32),
- * LAPACK SVD in fp64, and plain loops for the element-wise and reduction
- * kernels. */
+ * LAPACK SVD in fp64, and the element-wise and reduction kernels a block
+ * of columns at a time through the vector rows of osft::simd (fp32 math;
+ * fp64 only where an end is fp64, and for the sums). */
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <cmath>
@@ -80,15 +82,42 @@ inline int64_t at(const Mat &m, int64_t i, int64_t j) noexcept {
   return i * m.ld + j;
 }
 
+/* The rows of an element-wise pass over the engine's threads, at least 64K
+ * elements (and one row) each: a bf16 GEMM's fp32 C narrowed on one core
+ * left the other core idle (spinning in MKL's OpenMP team) for as long. */
+template <class Body>
+void parallel_rows(int64_t rows, int64_t cols, const Body &body) {
+  constexpr int64_t kGrain = 1 << 16;
+  if (rows * cols < 2 * kGrain) return body(int64_t{0}, rows);
+  blas::parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
+                     body);
+}
+
+/* Row [0, n) of one dtype into another: bf16 <-> fp32 through the vector
+ * rows of osft::simd, same dtype by copy, the rest (fp64, only the SVD's
+ * copies) by the scalar conversions. */
+template <class Src, class Dst>
+void convert_row(const Src *in, Dst *out, int64_t n) {
+  if constexpr (std::is_same_v<Src, Dst>)
+    std::memcpy(out, in, static_cast<size_t>(n) * sizeof(Dst));
+  else if constexpr (std::is_same_v<Src, bf16> && std::is_same_v<Dst, float>)
+    simd::widen(in, out, n);
+  else if constexpr (std::is_same_v<Src, float> && std::is_same_v<Dst, bf16>)
+    simd::narrow(in, out, n);
+  else
+    for (int64_t j = 0; j < n; ++j) narrow_value(out + j, widen_value(in[j]));
+}
+
 /* Copies a view of any float dtype into a compact T buffer, and back. */
 template <class T>
 void widen(const Mat &src, T *dst) {
   with_type(src.dtype, [&](auto tag) {
     using Src = typename decltype(tag)::type;
     const auto *in = static_cast<const Src *>(src.data);
-    for (int64_t i = 0; i < src.rows; ++i)
-      for (int64_t j = 0; j < src.cols; ++j)
-        dst[i * src.cols + j] = static_cast<T>(widen_value(in[i * src.ld + j]));
+    parallel_rows(src.rows, src.cols, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        convert_row(in + i * src.ld, dst + i * src.cols, src.cols);
+    });
   });
 }
 
@@ -97,9 +126,10 @@ void narrow(const T *src, const Mat &dst) {
   with_type(dst.dtype, [&](auto tag) {
     using Dst = typename decltype(tag)::type;
     auto *out = static_cast<Dst *>(dst.data);
-    for (int64_t i = 0; i < dst.rows; ++i)
-      for (int64_t j = 0; j < dst.cols; ++j)
-        narrow_value(out + i * dst.ld + j, static_cast<double>(src[i * dst.cols + j]));
+    parallel_rows(dst.rows, dst.cols, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        convert_row(src + i * dst.cols, out + i * dst.ld, dst.cols);
+    });
   });
 }
 
@@ -215,29 +245,77 @@ void cpu_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float 
   if (c.dtype != OSFTI_F32) narrow(cp, c);
 }
 
-/* dst = beta dst + scale * src; fp32 math for fp32/bf16 (fp64 if either end
- * is fp64, which only the SVD copies use). */
+/* dst = beta dst + scale * src in fp64, if either end is fp64 (only the
+ * SVD's copies). */
 template <class Src, class S, class Dst>
-void scale_typed(Axis axis, const Mat &src, const S *s, float beta, const Mat &dst) {
-  using M = std::conditional_t<std::is_same_v<Src, double> || std::is_same_v<Dst, double>,
-                               double, float>;
+void scale_f64(Axis axis, const Mat &src, const S *s, float beta, const Mat &dst) {
   const auto *in = static_cast<const Src *>(src.data);
   auto *out = static_cast<Dst *>(dst.data);
-  const int64_t rows = src.rows, cols = src.cols;
-  for (int64_t i = 0; i < rows; ++i) {
-    const M row_scale =
-        s != nullptr && axis == Axis::rows ? static_cast<M>(widen_value(s[i])) : M(1);
+  for (int64_t i = 0; i < src.rows; ++i) {
+    const double row_scale = s != nullptr && axis == Axis::rows ? widen_value(s[i]) : 1.0;
     const Src *a = in + i * src.ld;
     Dst *d = out + i * dst.ld;
-    for (int64_t j = 0; j < cols; ++j) {
-      const M scale = s != nullptr && axis == Axis::cols
-                          ? static_cast<M>(widen_value(s[j]))
-                          : row_scale;
-      M v = scale * static_cast<M>(widen_value(a[j]));
-      if (beta != 0.0f) v += static_cast<M>(beta) * static_cast<M>(widen_value(d[j]));
+    for (int64_t j = 0; j < src.cols; ++j) {
+      const double scale =
+          s != nullptr && axis == Axis::cols ? widen_value(s[j]) : row_scale;
+      double v = scale * widen_value(a[j]);
+      if (beta != 0.0f) v += static_cast<double>(beta) * widen_value(d[j]);
       narrow_value(d + j, v);
     }
   }
+}
+
+/* Columns per block of the fp32 passes: 3 fp32 blocks of 4 KiB stay in L1. */
+constexpr int64_t kColBlock = 1024;
+
+/* An fp32 view of [j0, j0 + n) of a row: the row itself when it is fp32,
+ * else converted into buf. */
+template <class T>
+const float *f32_block(const T *p, int64_t n, float *buf) {
+  if constexpr (std::is_same_v<T, float>) {
+    return p;
+  } else {
+    convert_row(p, buf, n);
+    return buf;
+  }
+}
+
+/* dst = beta dst + scale * src in fp32 (fp32 and bf16 ends), a block of
+ * columns at a time through osft::simd; src may be dst. */
+template <class Src, class S, class Dst>
+void scale_f32(Axis axis, const Mat &src, const S *s, float beta, const Mat &dst) {
+  const auto *in = static_cast<const Src *>(src.data);
+  auto *out = static_cast<Dst *>(dst.data);
+  parallel_rows(src.rows, src.cols, [&](int64_t begin, int64_t end) {
+    float a_buf[kColBlock], s_buf[kColBlock], y_buf[kColBlock];
+    for (int64_t i = begin; i < end; ++i) {
+      const float row_scale = s != nullptr && axis == Axis::rows
+                                  ? static_cast<float>(widen_value(s[i]))
+                                  : 1.0f;
+      for (int64_t j0 = 0; j0 < src.cols; j0 += kColBlock) {
+        const int64_t n = std::min(kColBlock, src.cols - j0);
+        const float *a = f32_block(in + i * src.ld + j0, n, a_buf);
+        const float *sc =
+            s != nullptr && axis == Axis::cols ? f32_block(s + j0, n, s_buf) : nullptr;
+        Dst *d = out + i * dst.ld + j0;
+        if constexpr (std::is_same_v<Dst, float>) {
+          simd::scale(n, a, sc, row_scale, beta, d);
+        } else {
+          if (beta != 0.0f) convert_row(d, y_buf, n);
+          simd::scale(n, a, sc, row_scale, beta, y_buf);
+          convert_row(static_cast<const float *>(y_buf), d, n);
+        }
+      }
+    }
+  });
+}
+
+template <class Src, class S, class Dst>
+void scale_typed(Axis axis, const Mat &src, const S *s, float beta, const Mat &dst) {
+  if constexpr (std::is_same_v<Src, double> || std::is_same_v<Dst, double>)
+    scale_f64<Src, S, Dst>(axis, src, s, beta, dst);
+  else
+    scale_f32<Src, S, Dst>(axis, src, s, beta, dst);
 }
 
 void cpu_scale_into(Context &, Axis axis, const Mat &src, const Vec *s, float beta,
@@ -257,34 +335,81 @@ void cpu_scale_into(Context &, Axis axis, const Mat &src, const Vec *s, float be
   });
 }
 
+/* Sums in fp64 (fp32 and bf16 inputs: their fp32 products are exact in
+ * fp64, summed by osft::simd in vector lanes). */
 template <class A, class B, class Y>
 void reduce_typed(Axis axis, const Mat &a, const Mat *b, float beta, const Vec &y) {
   const auto *pa = static_cast<const A *>(a.data);
   const auto *pb = b != nullptr ? static_cast<const B *>(b->data) : nullptr;
   auto *py = static_cast<Y *>(y.data);
-  auto term = [&](int64_t i, int64_t j) {
-    const double v = widen_value(pa[i * a.ld + j]);
-    return pb != nullptr ? v * widen_value(pb[i * b->ld + j]) : v;
-  };
   auto finish = [&](int64_t t, double sum) {
     narrow_value(py + t, beta != 0.0f ? beta * widen_value(py[t]) + sum : sum);
   };
-  if (axis == Axis::rows) {
-    for (int64_t i = 0; i < a.rows; ++i) {
-      double sum = 0.0;
-      for (int64_t j = 0; j < a.cols; ++j) sum += term(i, j);
-      finish(i, sum);
+  constexpr bool f64 = std::is_same_v<A, double> || std::is_same_v<B, double>;
+  if constexpr (f64) {
+    auto term = [&](int64_t i, int64_t j) {
+      const double v = widen_value(pa[i * a.ld + j]);
+      return pb != nullptr ? v * widen_value(pb[i * b->ld + j]) : v;
+    };
+    if (axis == Axis::rows) {
+      for (int64_t i = 0; i < a.rows; ++i) {
+        double sum = 0.0;
+        for (int64_t j = 0; j < a.cols; ++j) sum += term(i, j);
+        finish(i, sum);
+      }
+      return;
     }
-    return;
-  }
-  /* Columns in blocks, each block's sums in fp64, rows streamed in order. */
-  constexpr int64_t kBlock = 256;
-  for (int64_t j0 = 0; j0 < a.cols; j0 += kBlock) {
-    const int64_t j1 = std::min(a.cols, j0 + kBlock);
-    double sums[kBlock] = {};
-    for (int64_t i = 0; i < a.rows; ++i)
-      for (int64_t j = j0; j < j1; ++j) sums[j - j0] += term(i, j);
-    for (int64_t j = j0; j < j1; ++j) finish(j, sums[j - j0]);
+    /* Columns in blocks, each block's sums in fp64, rows streamed in order. */
+    constexpr int64_t kBlock = 256;
+    for (int64_t j0 = 0; j0 < a.cols; j0 += kBlock) {
+      const int64_t j1 = std::min(a.cols, j0 + kBlock);
+      double sums[kBlock] = {};
+      for (int64_t i = 0; i < a.rows; ++i)
+        for (int64_t j = j0; j < j1; ++j) sums[j - j0] += term(i, j);
+      for (int64_t j = j0; j < j1; ++j) finish(j, sums[j - j0]);
+    }
+  } else {
+    /* The fp32 views of row i's columns [j0, j0 + n), in the caller's
+     * buffers. */
+    auto blocks = [&](int64_t i, int64_t j0, int64_t n, float *a_buf, float *b_buf,
+                      const float **x, const float **z) {
+      *x = f32_block(pa + i * a.ld + j0, n, a_buf);
+      *z = pb != nullptr ? f32_block(pb + i * b->ld + j0, n, b_buf) : nullptr;
+    };
+    if (axis == Axis::rows) {
+      parallel_rows(a.rows, a.cols, [&](int64_t begin, int64_t end) {
+        float a_buf[kColBlock], b_buf[kColBlock];
+        for (int64_t i = begin; i < end; ++i) {
+          double sum = 0.0;
+          for (int64_t j0 = 0; j0 < a.cols; j0 += kColBlock) {
+            const int64_t n = std::min(kColBlock, a.cols - j0);
+            const float *x, *z;
+            blocks(i, j0, n, a_buf, b_buf, &x, &z);
+            sum += simd::dot(n, x, z);
+          }
+          finish(i, sum);
+        }
+      });
+      return;
+    }
+    /* Columns in blocks, each block's sums in fp64, rows streamed in order;
+     * the blocks over the threads. */
+    constexpr int64_t kBlock = 512;
+    const int64_t n_blocks = (a.cols + kBlock - 1) / kBlock;
+    parallel_rows(n_blocks, a.rows * kBlock, [&](int64_t begin, int64_t end) {
+      alignas(64) double sums[kBlock];
+      float a_buf[kBlock], b_buf[kBlock];
+      for (int64_t blk = begin; blk < end; ++blk) {
+        const int64_t j0 = blk * kBlock, n = std::min(kBlock, a.cols - j0);
+        std::fill(sums, sums + n, 0.0);
+        for (int64_t i = 0; i < a.rows; ++i) {
+          const float *x, *z;
+          blocks(i, j0, n, a_buf, b_buf, &x, &z);
+          simd::accumulate(n, x, z, sums);
+        }
+        for (int64_t j = 0; j < n; ++j) finish(j0 + j, sums[j]);
+      }
+    });
   }
 }
 
@@ -312,8 +437,9 @@ void cpu_fill_zero(Context &, const Mat &dst) {
   with_type(dst.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     auto *out = static_cast<T *>(dst.data);
+    /* +0 is all zero bits in each of the dtypes */
     for (int64_t i = 0; i < dst.rows; ++i)
-      for (int64_t j = 0; j < dst.cols; ++j) narrow_value(out + i * dst.ld + j, 0.0);
+      std::memset(out + i * dst.ld, 0, static_cast<size_t>(dst.cols) * sizeof(T));
   });
 }
 

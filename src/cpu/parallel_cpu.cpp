@@ -1,5 +1,6 @@
-/* blas::parallel_for of src/core/cpu_blas.h: the CPU kernels' element-wise
- * passes over the cores, on threads of their own (for every engine). */
+/* blas::parallel_for_threads of src/core/cpu_blas.h: the CPU kernels'
+ * element-wise passes over the cores on threads of their own (the
+ * OpenBLAS engine's parallel_for; oneMKL's runs on its OpenMP team). */
 #include <algorithm>
 #include <thread>
 #include <vector>
@@ -8,8 +9,8 @@
 
 namespace osft::blas {
 
-void parallel_for(int64_t n, int64_t grain,
-                  const std::function<void(int64_t, int64_t)> &body) {
+void parallel_for_threads(int64_t n, int64_t grain,
+                          const std::function<void(int64_t, int64_t)> &body) {
   const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
   const int64_t parts =
       std::max<int64_t>(1, std::min(hw, n / std::max<int64_t>(grain, 1)));
