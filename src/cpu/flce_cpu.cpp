@@ -2,9 +2,9 @@
  * The row pass is the hot loop next to the GEMMs: it runs on threads over
  * the rows of a chunk, each row in blocks that stay in L1 (one read of the
  * logits for the statistics, one read and one write for the gradient),
- * with 8-wide vector code (GCC vector extensions, compiled for AVX2+FMA and
- * for the baseline, picked at load time) and a polynomial exp accurate to
- * about 2 ulp. */
+ * with 16-lane vector code (osft::simd: GCC vector extensions compiled for
+ * AVX-512, AVX2+FMA and the baseline, picked at load time) and a polynomial
+ * exp accurate to about 1 ulp. */
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -20,79 +20,28 @@ namespace {
 
 /* ------------------------------------------------------------ vector math */
 
-typedef float f8 __attribute__((vector_size(32)));
-typedef int32_t i8 __attribute__((vector_size(32)));
-typedef uint16_t u16x8 __attribute__((vector_size(16)));
-typedef uint32_t u32x8 __attribute__((vector_size(32)));
+/* 16 fp32 lanes (osft::simd of src/core/cpu_blas.h): one AVX-512 register
+ * where the CPU has it, two AVX2 or four SSE ones elsewhere. */
+using simd::f32v;
+using simd::kLanes;
+using simd::load;
+using simd::load_partial;
+using simd::splat;
+using simd::store_partial;
+typedef int32_t i32v __attribute__((vector_size(64)));
 
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define OSFT_FLCE_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define OSFT_FLCE_CLONES
-#endif
-/* Helpers take vectors by reference (no vector ABI at a call) and are
- * always inlined into the cloned loops, so each clone gets its own code. */
-#define OSFT_INLINE inline __attribute__((always_inline))
+#define OSFT_INLINE OSFT_SIMD_INLINE
 
-constexpr int kLanes = 8;
-
-OSFT_INLINE void splat(f8 &v, float x) {
-  v = f8{} + x;
-}
-
-OSFT_INLINE void load(f8 &v, const float *p) {
-  std::memcpy(&v, p, sizeof v);
-}
-
-/* The first k lanes from p, the rest `fill`. */
-OSFT_INLINE void load_partial(f8 &v, const float *p, int k, float fill) {
-  if (k == kLanes) return load(v, p);
-  splat(v, fill);
-  for (int l = 0; l < k; ++l) v[l] = p[l];
-}
-
-OSFT_INLINE void store_partial(float *p, const f8 &v, int k) {
-  if (k == kLanes)
-    std::memcpy(p, &v, sizeof v);
-  else
-    for (int l = 0; l < k; ++l) p[l] = v[l];
-}
-
-OSFT_INLINE float hsum(const f8 &v) {
+OSFT_INLINE float hsum(const f32v &v) {
   float s = 0.0f;
   for (int l = 0; l < kLanes; ++l) s += v[l];
   return s;
 }
 
-OSFT_INLINE float hmax(const f8 &v) {
+OSFT_INLINE float hmax(const f32v &v) {
   float m = v[0];
   for (int l = 1; l < kLanes; ++l) m = v[l] > m ? v[l] : m;
   return m;
-}
-
-/* e^x (Cephes' expf): x = n ln2 + r, |r| <= ln2 / 2, e^r by a degree-6
- * polynomial, 2^n built in the exponent bits. Inputs are clamped to
- * [-87, 88], so e^x never overflows and tiny results are ~1e-38, not 0. */
-OSFT_INLINE void exp8(f8 &x) {
-  f8 lo, hi;
-  splat(lo, -87.0f);
-  splat(hi, 88.0f);
-  x = x < lo ? lo : x;
-  x = x > hi ? hi : x;
-  const float magic = 12582912.0f; /* 1.5 * 2^23: rounds to an integer */
-  const f8 n = (x * 1.44269504088896341f + magic) - magic;
-  f8 r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  f8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  const i8 bits = (__builtin_convertvector(n, i8) + 127) << 23;
-  f8 scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  x = p * scale;
 }
 
 /* ----------------------------------------------------------- row settings */
@@ -118,24 +67,21 @@ OSFT_INLINE void transform(const RowSetup &s, const float *raw, int64_t j0, int 
                            float *v) {
   for (int j = 0; j < n; j += kLanes) {
     const int k = std::min(kLanes, n - j);
-    f8 x;
+    f32v x;
     load_partial(x, raw + j, k, 0.0f);
     if (s.bias32 != nullptr) {
-      f8 b;
+      f32v b;
       load_partial(b, s.bias32 + j0 + j, k, 0.0f);
       x += b;
     } else if (s.bias16 != nullptr) {
-      u16x8 b16{};
-      std::memcpy(&b16, s.bias16 + j0 + j, k * sizeof(bf16));
-      const u32x8 bits = __builtin_convertvector(b16, u32x8) << 16;
-      f8 b;
-      std::memcpy(&b, &bits, sizeof b);
+      f32v b;
+      load_partial(b, s.bias16 + j0 + j, k, 0.0f);
       x += b;
     }
     if (s.cap != 0.0f) {
       /* cap * tanh(x / cap), tanh(u) = 1 - 2 / (e^(2u) + 1) */
-      f8 e = x * (2.0f * s.inv_cap);
-      exp8(e);
+      f32v e = x * (2.0f * s.inv_cap);
+      simd::exp(e);
       x = s.cap - (2.0f * s.cap) / (e + 1.0f);
     }
     store_partial(v + j, x, k);
@@ -167,10 +113,10 @@ struct RowStats {
 
 OSFT_INLINE void add_block(const RowSetup &s, const float *v, int64_t j0, int n,
                            int64_t y, RowStats &st) {
-  f8 m;
+  f32v m;
   splat(m, -INFINITY);
   for (int j = 0; j < n; j += kLanes) {
-    f8 x;
+    f32v x;
     load_partial(x, v + j, std::min(kLanes, n - j), -INFINITY);
     m = x > m ? x : m;
   }
@@ -180,23 +126,23 @@ OSFT_INLINE void add_block(const RowSetup &s, const float *v, int64_t j0, int n,
     st.best_j = j0 + (std::find(v, v + n, bm) - v);
   }
   const float new_max = std::max(st.max, bm);
-  f8 acc = {};
+  f32v acc = {};
   for (int j = 0; j < n; j += kLanes) {
     const int k = std::min(kLanes, n - j);
-    f8 e;
+    f32v e;
     load_partial(e, v + j, k, -INFINITY);
     e -= new_max;
-    exp8(e);
-    const i8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    simd::exp(e);
+    const i32v lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     acc = lane < k ? acc + e : acc;
   }
   st.sum = st.sum * std::exp(st.max - new_max) + hsum(acc);
   st.max = new_max;
   if (s.a->loss.eps != 0.0f) {
-    f8 dot = {};
+    f32v dot = {};
     for (int j = 0; j < n; j += kLanes) {
       const int k = std::min(kLanes, n - j);
-      f8 x, w;
+      f32v x, w;
       load_partial(x, v + j, k, 0.0f);
       if (s.weights != nullptr)
         load_partial(w, s.weights + j0 + j, k, 0.0f);
@@ -222,17 +168,17 @@ OSFT_INLINE void grad_block(const RowSetup &s, const RowGrad &gr, const float *v
   const float ty = has_y && s.cap != 0.0f ? v[y - j0] * s.inv_cap : 0.0f;
   for (int j = 0; j < n; j += kLanes) {
     const int k = std::min(kLanes, n - j);
-    f8 x, p, w;
+    f32v x, p, w;
     load_partial(x, v + j, k, 0.0f);
     p = x - gr.lse;
-    exp8(p);
+    simd::exp(p);
     if (s.weights != nullptr)
       load_partial(w, s.weights + j0 + j, k, 0.0f);
     else
       splat(w, 1.0f);
-    f8 g = gr.ca * p - gr.ce * w;
+    f32v g = gr.ca * p - gr.ce * w;
     if (s.cap != 0.0f) {
-      const f8 t = x * s.inv_cap;
+      const f32v t = x * s.inv_cap;
       g *= 1.0f - t * t;
     }
     store_partial(out + j, g, k);
@@ -259,7 +205,7 @@ OSFT_INLINE RowStats local_stats(const RowSetup &s, float *z, int64_t y, float *
 
 /* Statistics, per-token results and (with want_grad) the gradient of one
  * row, in place over its logits; with vocab parallelism one phase of it. */
-OSFT_FLCE_CLONES
+OSFT_SIMD_CLONES
 void one_row(const RowSetup &s, int64_t i) {
   const FlceRowPass &a = *s.a;
   const FlceLoss &L = a.loss;
