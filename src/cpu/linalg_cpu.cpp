@@ -511,12 +511,18 @@ void cpu_svd(Context &ctx, const Mat &a, const Mat &u, const Vec &s, const Mat &
   narrow(s64.as<double>(), as_row(s));
 }
 
+/* The engine multiplies bf16 itself (oneMKL on AMX / AVX512-BF16): the
+ * projection's update may then split C into bf16 halves. */
+bool cpu_native_bf16_gemm(Context &) {
+  return blas::has_bf16_gemm();
+}
+
 }  // namespace
 
 const Backend &cpu_backend() noexcept {
-  static const Backend table = {cpu_gemm,           cpu_scale_into, cpu_reduce,
-                                cpu_broadcast_rows, cpu_svd,        cpu_fill_zero,
-                                cpu_all_finite,     cpu_fingerprint};
+  static const Backend table = {
+      cpu_gemm,      cpu_scale_into, cpu_reduce,      cpu_broadcast_rows,  cpu_svd,
+      cpu_fill_zero, cpu_all_finite, cpu_fingerprint, cpu_native_bf16_gemm};
   return table;
 }
 
