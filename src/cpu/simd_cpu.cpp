@@ -9,26 +9,32 @@
 
 namespace osft::simd {
 
-OSFT_SIMD_CLONES
-void widen(const bf16 *src, float *dst, int64_t n) noexcept {
+namespace {
+
+/* dst = src in another dtype, lane for lane as to_float / to_bf16. */
+template <class Src, class Dst>
+OSFT_SIMD_CLONES void convert(const Src *src, Dst *dst, int64_t n) noexcept {
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
     f32v v;
     load(v, src + j);
     store(dst + j, v);
   }
-  for (; j < n; ++j) dst[j] = to_float(src[j]);
+  for (; j < n; ++j) {
+    f32v v;
+    load_partial(v, src + j, 1, 0.0f);
+    store_partial(dst + j, v, 1);
+  }
 }
 
-OSFT_SIMD_CLONES
+}  // namespace
+
+void widen(const bf16 *src, float *dst, int64_t n) noexcept {
+  convert(src, dst, n);
+}
+
 void narrow(const float *src, bf16 *dst, int64_t n) noexcept {
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    f32v v;
-    load(v, src + j);
-    store(dst + j, v);
-  }
-  for (; j < n; ++j) dst[j] = to_bf16(src[j]);
+  convert(src, dst, n);
 }
 
 OSFT_SIMD_CLONES
