@@ -83,26 +83,23 @@ def make_targets(layers, scale, device, gen):
     return targets
 
 
-def project_gradient(svd):
-    """mini_trainer's project_gradient_to_orthogonal_space, world size 1."""
-    U_high, V_high = svd["U_high"], svd["V_high"]
-    dU = svd["U_low"].grad
+def project(U_high, V_high, dU, dV):
+    """mini_trainer's per-target projection, world size 1: dU -= U_high
+    (U_high^T dU), dV -= (dV V_high^T) V_high, in place, all bf16."""
     proj_coeff = torch.mm(U_high.transpose(0, 1), dU)
     dU.addmm_(U_high, proj_coeff, alpha=-1.0)
-    dV = svd["V_low"].grad
     coeff = torch.mm(dV, V_high.t())
     dV.addmm_(coeff, V_high, alpha=-1.0)
 
 
+def project_gradient(svd):
+    """mini_trainer's project_gradient_to_orthogonal_space, world size 1."""
+    project(svd["U_high"], svd["V_high"], svd["U_low"].grad, svd["V_low"].grad)
+
+
 def project_parameter(svd):
     """mini_trainer's project_parameter_to_orthogonal_space, world size 1."""
-    U_high, V_high = svd["U_high"], svd["V_high"]
-    U_low = svd["U_low"].data
-    proj_coeff = torch.mm(U_high.transpose(0, 1), U_low)
-    U_low.addmm_(U_high, proj_coeff, alpha=-1.0)
-    V_low = svd["V_low"].data
-    coeff = torch.mm(V_low, V_high.t())
-    V_low.addmm_(coeff, V_high, alpha=-1.0)
+    project(svd["U_high"], svd["V_high"], svd["U_low"].data, svd["V_low"].data)
 
 
 def timed(fn, device, reps, warmup):

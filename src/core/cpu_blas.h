@@ -39,6 +39,16 @@ void parallel_for(int64_t n, int64_t grain,
 void parallel_for_threads(int64_t n, int64_t grain,
                           const std::function<void(int64_t, int64_t)> &body);
 
+/* The rows of an element-wise pass over a rows x cols matrix through
+ * parallel_for, at least 64K elements (and one row) a part; a pass under
+ * two parts' worth runs here, without a std::function or a thread. */
+template <class Body>
+void parallel_rows(int64_t rows, int64_t cols, const Body &body) {
+  constexpr int64_t kGrain = 1 << 16;
+  if (rows * cols < 2 * kGrain) return body(int64_t{0}, rows);
+  parallel_for(rows, kGrain / cols > 1 ? kGrain / cols : 1, body);
+}
+
 enum class Layout { row, col };
 
 /* C = alpha op(A) op(B) + beta C. */

@@ -82,16 +82,10 @@ inline int64_t at(const Mat &m, int64_t i, int64_t j) noexcept {
   return i * m.ld + j;
 }
 
-/* The rows of an element-wise pass over the engine's threads, at least 64K
- * elements (and one row) each: a bf16 GEMM's fp32 C narrowed on one core
- * left the other core idle (spinning in MKL's OpenMP team) for as long. */
-template <class Body>
-void parallel_rows(int64_t rows, int64_t cols, const Body &body) {
-  constexpr int64_t kGrain = 1 << 16;
-  if (rows * cols < 2 * kGrain) return body(int64_t{0}, rows);
-  blas::parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
-                     body);
-}
+/* A bf16 GEMM's fp32 C narrowed on one core left the other core idle
+ * (spinning in MKL's OpenMP team) for as long: the passes below split
+ * their rows over the threads. */
+using blas::parallel_rows;
 
 /* Row [0, n) of one dtype into another: bf16 <-> fp32 through the vector
  * rows of osft::simd, same dtype by copy, the rest (fp64, only the SVD's

@@ -36,15 +36,7 @@ void with_dtype(osfti_dtype_t dt, F &&f) {
         osfti_dtype_name(dt));
 }
 
-/* The rows of a pass over the engine's threads, at least 64K elements
- * (and one row) each. */
-template <class Body>
-void parallel_rows(int64_t rows, int64_t cols, const Body &body) {
-  constexpr int64_t kGrain = 1 << 16;
-  blas::parallel_for(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(cols, 1)),
-                     body);
-}
-
+using blas::parallel_rows;
 using simd::f32v;
 
 /* The activation's value and derivative on 16 lanes. The generic form runs

@@ -82,8 +82,9 @@ const char *name(osft_flinear_strategy_t s) {
 }  // namespace
 
 /* What an fp32-operand GEMM flop costs next to a compute-dtype one. On the
- * CPU engines both run on the same vector units at fp32 throughput (the
- * bf16 GEMMs widen), so a flop is a flop. On CUDA, bf16 GEMMs run on the
+ * CPU a flop counts as a flop: OpenBLAS widens bf16 to fp32, so both run at
+ * fp32 throughput (oneMKL's AMX bf16 GEMMs are faster than its fp32 ones,
+ * a weight above 1 not yet measured, so not applied). On CUDA, bf16 GEMMs run on the
  * tensor cores and fp32 ones, without TF32, on the CUDA cores: an H100 or
  * H200 peaks at 989 TFLOP/s bf16 dense against 67 TFLOP/s fp32 (14.8x),
  * and the H200 run (bench/results/flinear_h200.csv, cuda_validation_h200.md)
