@@ -153,6 +153,14 @@ def compare(name, model, ref, losses, ref_losses, proj, step, *, loss_tol, weigh
            step["allreduce_calls"], step["allreduce_bytes"], step["allgather_calls"], info["layers"], info["layouts"]))
 
 
+def cpu_mesh():
+    """The gloo ranks' CPU mesh: fully_shard's default mesh is a CUDA one (its
+    parameters moved to the GPU) wherever CUDA is available."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (dist.get_world_size(),))
+
+
 def case_fsdp(kind):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -163,8 +171,8 @@ def case_fsdp(kind):
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if kind == "fsdp_bf16" else MixedPrecisionPolicy()
     for m in model:
         if isinstance(m, ot.OSFTLinear):
-            fully_shard(m, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+            fully_shard(m, mp_policy=mp, mesh=cpu_mesh())
+    fully_shard(model, mp_policy=mp, mesh=cpu_mesh())
     u = model[0].u_low
     check(type(u).__name__ == "DTensor" and u.placements[0].is_shard(0), "u_low is not a Shard(0) DTensor")
     check((type(model[0].u_high).__name__ == "DTensor") == (kind != "fsdp_buffers"), "frozen factors' sharding")
@@ -304,8 +312,8 @@ def case_llama():
     otf.apply_osftrt(model, osft=True, rank_ratio=0.5, projector=False)  # the shard-aware one comes after sharding
     prepare_fsdp2(model)
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)  # embeddings, norm and lm_head (the fused CE reads lm_head.weight unsharded)
+        fully_shard(layer, mesh=cpu_mesh())
+    fully_shard(model, mesh=cpu_mesh())  # embeddings, norm and lm_head (the fused CE reads lm_head.weight unsharded)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     proj = shard_aware_projector(model).attach(opt)
     losses, step = train(model, proj, opt, STEPS, batch, lm_loss)
