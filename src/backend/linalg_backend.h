@@ -5,9 +5,12 @@
 #ifndef OSFTRT_SRC_BACKEND_LINALG_BACKEND_H
 #define OSFTRT_SRC_BACKEND_LINALG_BACKEND_H
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "core/context_impl.h"
+#include "core/error.h"
 #include "core/matrix_view.h"
 
 namespace osft {
@@ -56,6 +59,18 @@ struct Backend {
    * rather than on widened fp32 copies: worth splitting an fp32 operand
    * into two bf16 ones (src/ops/projection_compute.cpp). nullptr: false. */
   bool (*native_bf16_gemm)(Context &ctx);
+
+  /* B packed once in the backend's own layout for many GEMMs of m rows with
+   * the same op(B) (a weight over the tiles of an MLP or the chunks of
+   * FLCE), used through PackedB below. packed_b_bytes: the bytes of the
+   * packed copy, 0 where the backend does not pack (then plain gemm);
+   * nullptr: never (CUDA). pack_b writes it to dst; gemm_packed_b is gemm
+   * with that copy as B (c.rows == m; b gives its shape and dtype). The
+   * same math as gemm: packing changes the layout only. */
+  size_t (*packed_b_bytes)(Context &ctx, Op op_b, const Mat &b, int64_t m);
+  void (*pack_b)(Context &ctx, Op op_b, const Mat &b, int64_t m, void *dst);
+  void (*gemm_packed_b)(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b,
+                        const void *packed, float alpha, float beta, const Mat &c);
 };
 
 const Backend &cpu_backend() noexcept;
@@ -65,6 +80,58 @@ const Backend &cuda_backend();
 inline const Backend &backend(Context &ctx) {
   return on_cuda(ctx) ? cuda_backend() : cpu_backend();
 }
+
+/* B of the GEMMs of one operation that all take it with the same op(B)
+ * (a weight over tiles or chunks), packed once where the backend packs it
+ * (the CPU engines: a CUDA context never packs) and the packed copy fits
+ * within workspace_limit beside the workspace and within `room` bytes (an
+ * operation's own memory budget). The copy lives on the context's host
+ * scratch stack (host_scratch_take: kept between calls, so a steady state
+ * allocates nothing; a refusal: no packing) and goes back to it when the
+ * PackedB goes, before the operation returns; PackedBs go in stack order.
+ * Each gemm() with m rows uses it, any other plain gemm (the same result
+ * either way). */
+class PackedB {
+ public:
+  PackedB(Context &ctx, Op op_b, const Mat &b, int64_t m, size_t room = SIZE_MAX)
+      : ctx_(ctx), op_(op_b), b_(b), m_(m) {
+    const Backend &be = backend(ctx);
+    if (on_cuda(ctx) || be.packed_b_bytes == nullptr) return;
+    const size_t bytes = be.packed_b_bytes(ctx, op_b, b, m);
+    const size_t limit = ctx.workspace_limit;
+    if (bytes == 0 || bytes > room ||
+        (limit != 0 && bytes > limit - std::min(limit, ctx.workspace_bytes)))
+      return;
+    try {
+      data_ = host_scratch_take(ctx, bytes, "packed GEMM operand");
+    } catch (const Error &e) {
+      if (e.status() != OSFT_STATUS_OUT_OF_MEMORY) throw;
+      return;
+    }
+    bytes_ = bytes;
+    be.pack_b(ctx, op_b, b, m, data_);
+  }
+  ~PackedB() { host_scratch_give(ctx_, data_, bytes_); }
+  PackedB(const PackedB &) = delete;
+  PackedB &operator=(const PackedB &) = delete;
+
+  /* C = alpha op(A) op(B) + beta C, as backend(ctx).gemm. */
+  void gemm(Op op_a, const Mat &a, float alpha, float beta, const Mat &c) const {
+    const Backend &be = backend(ctx_);
+    if (data_ != nullptr && c.rows == m_)
+      return be.gemm_packed_b(ctx_, op_a, a, op_, b_, data_, alpha, beta, c);
+    be.gemm(ctx_, op_a, a, op_, b_, alpha, beta, c);
+  }
+  const Mat &b() const noexcept { return b_; }
+
+ private:
+  Context &ctx_;
+  Op op_;
+  Mat b_;
+  int64_t m_;
+  void *data_ = nullptr;
+  size_t bytes_ = 0;
+};
 
 }  // namespace osft
 

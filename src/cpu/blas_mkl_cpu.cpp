@@ -82,6 +82,25 @@ void gemm_bf16(Layout layout, Op op_a, Op op_b, int m, int n, int k, float alpha
                          reinterpret_cast<const MKL_BF16 *>(b), ldb, beta, c, ldc);
 }
 
+size_t gemm_bf16_pack_bytes(int m, int n, int k) noexcept {
+  return cblas_gemm_bf16bf16f32_pack_get_size(CblasBMatrix, m, n, k);
+}
+void gemm_bf16_pack(Layout layout, Op op_b, int m, int n, int k, const bf16 *b, int ldb,
+                    void *dst) noexcept {
+  cblas_gemm_bf16bf16f32_pack(order(layout), CblasBMatrix, trans(op_b), m, n, k,
+                              reinterpret_cast<const MKL_BF16 *>(b), ldb,
+                              static_cast<MKL_BF16 *>(dst));
+}
+void gemm_bf16_packed(Layout layout, Op op_a, int m, int n, int k, float alpha,
+                      const bf16 *a, int lda, const void *packed_b, float beta, float *c,
+                      int ldc) noexcept {
+  /* ldb is not read for a packed B */
+  cblas_gemm_bf16bf16f32_compute(order(layout), trans(op_a), CblasPacked, m, n, k, alpha,
+                                 reinterpret_cast<const MKL_BF16 *>(a), lda,
+                                 static_cast<const MKL_BF16 *>(packed_b), 0, beta, c,
+                                 ldc);
+}
+
 void transpose(int rows, int cols, const float *a, int lda, float *b, int ldb) noexcept {
   mkl_somatcopy('R', 'T', rows, cols, 1.0f, a, lda, b, ldb);
 }

@@ -43,6 +43,13 @@ bool has_bf16_gemm() noexcept {
 }
 void gemm_bf16(Layout, Op, Op, int, int, int, float, const bf16 *, int, const bf16 *, int,
                float, float *, int) noexcept {}
+/* No packing: callers see 0 bytes and call the plain GEMM. */
+size_t gemm_bf16_pack_bytes(int, int, int) noexcept {
+  return 0;
+}
+void gemm_bf16_pack(Layout, Op, int, int, int, const bf16 *, int, void *) noexcept {}
+void gemm_bf16_packed(Layout, Op, int, int, int, float, const bf16 *, int, const void *,
+                      float, float *, int) noexcept {}
 
 /* OpenBLAS's transposing copy: about 8x faster than a tiled loop (fp32). */
 void transpose(int rows, int cols, const float *a, int lda, float *b, int ldb) noexcept {

@@ -187,8 +187,9 @@ void gemm_unstaged(Op op_a, const Mat &a, Op op_b, const Mat &b, float alpha, fl
   });
 }
 
-void cpu_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float alpha,
-              float beta, const Mat &c) {
+/* cpu_gemm, with B packed by cpu_pack_b where packed_b != nullptr. */
+void gemm_with(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b,
+               const void *packed_b, float alpha, float beta, const Mat &c) {
   const int64_t k = op_a == Op::N ? a.cols : a.rows;
   check_blas_dims({a.rows, a.cols, a.ld, b.rows, b.cols, b.ld, c.rows, c.cols, c.ld});
   if (c.rows == 0 || c.cols == 0) return;
@@ -224,6 +225,10 @@ void cpu_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float 
     for (int64_t i = 0; i < c.rows; ++i)
       for (int64_t j = 0; j < c.cols; ++j)
         cp[i * ldc + j] = beta == 0.0f ? 0.0f : beta * cp[i * ldc + j];
+  } else if (native_bf16 && packed_b != nullptr) {
+    blas::gemm_bf16_packed(blas::Layout::row, op_a, m, n, static_cast<int>(k), alpha,
+                           static_cast<const bf16 *>(a.data), static_cast<int>(a.ld),
+                           packed_b, beta, cp, static_cast<int>(ldc));
   } else if (native_bf16) {
     blas::gemm_bf16(blas::Layout::row, op_a, op_b, m, n, static_cast<int>(k), alpha,
                     static_cast<const bf16 *>(a.data), static_cast<int>(a.ld),
@@ -237,6 +242,35 @@ void cpu_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float 
                static_cast<int>(ldc));
   }
   if (c.dtype != OSFTI_F32) narrow(cp, c);
+}
+
+void cpu_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float alpha,
+              float beta, const Mat &c) {
+  gemm_with(ctx, op_a, a, op_b, b, nullptr, alpha, beta, c);
+}
+
+/* Only bf16 B on an engine with bf16 GEMMs that packs (oneMKL); op(B) is
+ * k x n. */
+size_t cpu_packed_b_bytes(Context &, Op op_b, const Mat &b, int64_t m) {
+  if (b.dtype != OSFTI_BF16 || !blas::has_bf16_gemm() || m <= 0 || b.rows == 0 ||
+      b.cols == 0)
+    return 0;
+  check_blas_dims({m, b.rows, b.cols, b.ld});
+  const int64_t k = op_b == Op::N ? b.rows : b.cols, n = op_b == Op::N ? b.cols : b.rows;
+  return blas::gemm_bf16_pack_bytes(static_cast<int>(m), static_cast<int>(n),
+                                    static_cast<int>(k));
+}
+
+void cpu_pack_b(Context &, Op op_b, const Mat &b, int64_t m, void *dst) {
+  const int64_t k = op_b == Op::N ? b.rows : b.cols, n = op_b == Op::N ? b.cols : b.rows;
+  blas::gemm_bf16_pack(blas::Layout::row, op_b, static_cast<int>(m), static_cast<int>(n),
+                       static_cast<int>(k), static_cast<const bf16 *>(b.data),
+                       static_cast<int>(b.ld), dst);
+}
+
+void cpu_gemm_packed_b(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b,
+                       const void *packed, float alpha, float beta, const Mat &c) {
+  gemm_with(ctx, op_a, a, op_b, b, packed, alpha, beta, c);
 }
 
 /* dst = beta dst + scale * src in fp64, if either end is fp64 (only the
@@ -514,9 +548,10 @@ bool cpu_native_bf16_gemm(Context &) {
 }  // namespace
 
 const Backend &cpu_backend() noexcept {
-  static const Backend table = {
-      cpu_gemm,      cpu_scale_into, cpu_reduce,      cpu_broadcast_rows,  cpu_svd,
-      cpu_fill_zero, cpu_all_finite, cpu_fingerprint, cpu_native_bf16_gemm};
+  static const Backend table = {cpu_gemm,           cpu_scale_into,  cpu_reduce,
+                                cpu_broadcast_rows, cpu_svd,         cpu_fill_zero,
+                                cpu_all_finite,     cpu_fingerprint, cpu_native_bf16_gemm,
+                                cpu_packed_b_bytes, cpu_pack_b,      cpu_gemm_packed_b};
   return table;
 }
 

@@ -374,7 +374,7 @@ TileViews tile_views(const Mat &xm, const Mat &gy, const Requests &r,
 /* gate and up on the tile: their gradients, and dx = dG W_gate + dU W_up
  * (in fp32 scratch and rounded once where bf16 dense projections allow). */
 void backprop_inputs(Context &ctx, const Mlp &m, Layer *const *layers, const Requests &r,
-                     const TileViews &v, bool first) {
+                     const TileViews &v, bool first, const PackedWeights &wn) {
   const Mat *dx = nullptr;
   float beta = 0.0f;
   if (r.dx.active) {
@@ -382,22 +382,25 @@ void backprop_inputs(Context &ctx, const Mlp &m, Layer *const *layers, const Req
     beta = v.dx32.data != nullptr ? 0.0f : r.dx.beta_out;
   }
   if (m.gated) {
-    backprop(ctx, m.proj[kGate], layers[kGate], v.x, v.g, dx, beta, r.p[kGate], first);
+    backprop(ctx, m.proj[kGate], layers[kGate], v.x, v.g, dx, beta, r.p[kGate], first,
+             wn[kGate]);
     beta = 1.0f;
   }
-  backprop(ctx, m.proj[kUp], layers[kUp], v.x, v.dh, dx, beta, r.p[kUp], first);
+  backprop(ctx, m.proj[kUp], layers[kUp], v.x, v.dh, dx, beta, r.p[kUp], first, wn[kUp]);
   if (v.dx32.data != nullptr)
     backend(ctx).scale_into(ctx, Axis::cols, v.dx32, nullptr, r.dx.beta_out, v.dx);
 }
 
+/* wt, wn: the dense weights packed for op T and op N. */
 void backward_tile(Context &ctx, const Mlp &m, Layer *const *layers, const Requests &r,
-                   const TileViews &v, bool first) {
+                   const TileViews &v, bool first, const PackedWeights &wt,
+                   const PackedWeights &wn) {
   const MlpKernels &k = mlp_kernels(ctx);
   const Projection &down = m.proj[kDown];
   const ProjGrads &gd = r.p[kDown];
   const Mat *g = opt(v.g, m.gated);
-  if (m.gated) project(ctx, m.proj[kGate], v.x, v.g);
-  project(ctx, m.proj[kUp], v.x, v.u);
+  if (m.gated) project(ctx, m.proj[kGate], v.x, v.g, wt[kGate]);
+  project(ctx, m.proj[kUp], v.x, v.u, wt[kUp]);
   const bool want_h =
       is_layer(down) ? r.need_dh || gd.any_factor() || gd.bias.active : gd.w.active;
   if (is_layer(down)) {
@@ -408,7 +411,10 @@ void backward_tile(Context &ctx, const Mlp &m, Layer *const *layers, const Reque
                first);
     }
   } else if (r.need_dh) {
-    backend(ctx).gemm(ctx, Op::N, v.gy, Op::N, down.weight, 1.0f, 0.0f, v.dh);
+    if (wn[kDown] != nullptr)
+      wn[kDown]->gemm(Op::N, v.gy, 1.0f, 0.0f, v.dh);
+    else
+      backend(ctx).gemm(ctx, Op::N, v.gy, Op::N, down.weight, 1.0f, 0.0f, v.dh);
   }
   const Mat *h_dense = opt(v.u, !is_layer(down) && want_h);
   if (r.need_dh)
@@ -418,7 +424,7 @@ void backward_tile(Context &ctx, const Mlp &m, Layer *const *layers, const Reque
     k.activate(ctx, m.act, g, v.u, v.u);
   if (!is_layer(down) && (gd.w.active || gd.bias.active))
     backprop(ctx, down, nullptr, v.u, v.gy, nullptr, 0.0f, gd, first);
-  if (r.need_dh) backprop_inputs(ctx, m, layers, r, v, first);
+  if (r.need_dh) backprop_inputs(ctx, m, layers, r, v, first, wn);
 }
 
 }  // namespace
@@ -438,15 +444,16 @@ void mlp_forward(Mlp &m, const DLTensor *x, DLTensor *y, int64_t num_tiles) {
   const size_t reserved = reserve_layer_scratch(m, tiles, nullptr, nullptr);
   b.place(m);
   const MlpKernels &k = mlp_kernels(ctx);
+  const PackedWeights w(ctx, m.proj, tiles, Op::T, 7u);
   for (int64_t t = 0; t < tiles.nonempty(); ++t) {
     const int64_t begin = tiles.begin(t), rows = tiles.rows(t);
     const Mat xt = rows_of(xm, begin, rows);
     const Mat g = gs >= 0 ? rows_of(b.mat(gs), 0, rows) : Mat{};
     const Mat u = rows_of(b.mat(us), 0, rows);
-    if (m.gated) project(ctx, m.proj[kGate], xt, g);
-    project(ctx, m.proj[kUp], xt, u);
+    if (m.gated) project(ctx, m.proj[kGate], xt, g, w[kGate]);
+    project(ctx, m.proj[kUp], xt, u, w[kUp]);
     k.activate(ctx, m.act, opt(g, m.gated), u, u);
-    project(ctx, m.proj[kDown], u, rows_of(ym, begin, rows));
+    project(ctx, m.proj[kDown], u, rows_of(ym, begin, rows), w[kDown]);
   }
   check_reserved(m, reserved);
 }
@@ -479,9 +486,15 @@ void mlp_backward(Mlp &m, const DLTensor *x, const DLTensor *grad_y,
     shadows[i].emplace(*m.proj[i].layer, bp.buffers, bp.shadow_slots[i]);
     layers[i] = &shadows[i]->layer();
   }
+  /* gate and up forward again (op T); dH = dY W_down and dx = dG W_gate +
+   * dU W_up (op N) */
+  const unsigned in_bits = (1u << kGate) | (1u << kUp);
+  const PackedWeights wt(ctx, m.proj, tiles, Op::T, in_bits);
+  const PackedWeights wn(ctx, m.proj, tiles, Op::N,
+                         (r.need_dh ? 1u << kDown : 0u) | (r.dx.active ? in_bits : 0u));
   for (int64_t t = 0; t < tiles.nonempty(); ++t) {
     const TileViews v = tile_views(xm, gy, r, bp, tiles.begin(t), tiles.rows(t));
-    backward_tile(ctx, m, layers, r, v, t == 0);
+    backward_tile(ctx, m, layers, r, v, t == 0, wt, wn);
   }
   for_each_sink(r, [&](const Accum &a) { finish(ctx, a); });
   check_reserved(m, reserved);

@@ -6,6 +6,8 @@
 #ifndef OSFTRT_SRC_OPS_MLP_OPS_H
 #define OSFTRT_SRC_OPS_MLP_OPS_H
 
+#include <optional>
+
 #include "backend/linalg_backend.h"
 #include "backend/mlp_backend.h"
 #include "ops/flinear_ops.h"
@@ -144,8 +146,30 @@ class BufferPlan {
 };
 
 /* ---- one projection on one tile (mlp_proj.cpp) */
-/* out = in W^T + bias. */
-void project(Context &ctx, const Projection &p, const Mat &in, const Mat &out);
+/* out = in W^T + bias; w: W packed for op T (dense projections), or
+ * nullptr. */
+void project(Context &ctx, const Projection &p, const Mat &in, const Mat &out,
+             const PackedB *w = nullptr);
+
+/* The dense weights of an MLP packed once for the GEMMs of every tile with
+ * op(W) = `op` (T: in W^T, N: grad_out W), where more than one tile takes
+ * them: oneMKL's bf16 GEMM otherwise re-packs W per tile (15-44% of those
+ * GEMMs on 2 Emerald Rapids cores). `which` has bit i for projection i. */
+class PackedWeights {
+ public:
+  PackedWeights(Context &ctx, const Projection *proj, const Tiling &tiles, Op op,
+                unsigned which) {
+    if (tiles.nonempty() < 2) return;
+    for (int i = 0; i < 3; ++i)
+      if ((which >> i & 1u) != 0 && proj[i].present && proj[i].weight.data != nullptr)
+        w_[i].emplace(ctx, op, proj[i].weight, tiles.max_rows);
+  }
+  /* Projection i's packed weight, or nullptr. */
+  const PackedB *operator[](int i) const noexcept { return w_[i] ? &*w_[i] : nullptr; }
+
+ private:
+  std::optional<PackedB> w_[3];
+};
 
 /* One gradient summed over the tiles: the tiles add into `acc`, which is the
  * caller's tensor itself (fp32, or a single tile) or an fp32 scratch copy
@@ -171,11 +195,11 @@ struct ProjGrads {
 
 /* Backward of a tile through one projection: weight, bias and factor
  * gradients into their sinks (the first tile with each sink's beta), and
- * dx = beta_x dx + grad_out W when dx is given. `layer` is the projection's
- * layer or its fp32 shadow. */
+ * dx = beta_x dx + grad_out W when dx is given (w_n: W packed for op N, or
+ * nullptr). `layer` is the projection's layer or its fp32 shadow. */
 void backprop(Context &ctx, const Projection &p, Layer *layer, const Mat &in,
               const Mat &grad_out, const Mat *dx, float beta_x, const ProjGrads &g,
-              bool first);
+              bool first, const PackedB *w_n = nullptr);
 
 /* An upper bound of the workspace a layer's forward or backward on `rows`
  * tokens takes with the dense or the factorized strategy (flinear_compute.cpp's

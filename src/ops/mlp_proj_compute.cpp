@@ -41,7 +41,8 @@ void backprop_layer(Context &ctx, Layer &layer, const Mat &in, const Mat &grad_o
 
 }  // namespace
 
-void project(Context &ctx, const Projection &p, const Mat &in, const Mat &out) {
+void project(Context &ctx, const Projection &p, const Mat &in, const Mat &out,
+             const PackedB *w) {
   if (is_layer(p)) {
     const HeldTensor x = view_of(ctx, in);
     HeldTensor y = view_of(ctx, out);
@@ -53,6 +54,7 @@ void project(Context &ctx, const Projection &p, const Mat &in, const Mat &out) {
     be.broadcast_rows(ctx, p.bias, out);
     beta = 1.0f;
   }
+  if (w != nullptr) return w->gemm(Op::N, in, 1.0f, beta, out);
   be.gemm(ctx, Op::N, in, Op::T, p.weight, 1.0f, beta, out);
 }
 
@@ -63,7 +65,7 @@ void finish(Context &ctx, const Accum &a) {
 
 void backprop(Context &ctx, const Projection &p, Layer *layer, const Mat &in,
               const Mat &grad_out, const Mat *dx, float beta_x, const ProjGrads &g,
-              bool first) {
+              bool first, const PackedB *w_n) {
   const Backend &be = backend(ctx);
   if (g.bias.active) {
     const Vec sum{g.bias.acc.data, g.bias.acc.cols, g.bias.acc.dtype};
@@ -74,7 +76,9 @@ void backprop(Context &ctx, const Projection &p, Layer *layer, const Mat &in,
   /* dW (out x in) += grad_out^T in: the GEMM sums the tiles (beta = 1). */
   if (g.w.active)
     be.gemm(ctx, Op::T, grad_out, Op::N, in, 1.0f, g.w.beta(first), g.w.acc);
-  if (dx != nullptr) be.gemm(ctx, Op::N, grad_out, Op::N, p.weight, 1.0f, beta_x, *dx);
+  if (dx == nullptr) return;
+  if (w_n != nullptr) return w_n->gemm(Op::N, grad_out, 1.0f, beta_x, *dx);
+  be.gemm(ctx, Op::N, grad_out, Op::N, p.weight, 1.0f, beta_x, *dx);
 }
 
 /* What flinear_compute.cpp plans for the strategy, every optional buffer
