@@ -158,12 +158,28 @@ uint64_t trainable_fingerprint(Layer &l) {
   return h | 1; /* never 0: 0 means "none" */
 }
 
+/* build_dense, with the low part's product on bf16 operands where us16 (an
+ * n x l bf16 slot for U_low diag(S_low)) is planned: the per-step rebuild
+ * then runs on the engine's bf16 GEMM (fp32 accumulation into W). */
+void build_step_dense(Layer &l, const Mat &w, const ScratchPlan &plan,
+                      const DenseSlots &slots, int us16) {
+  if (us16 < 0) return build_dense(l, w, plan, slots);
+  Context &ctx = *l.ctx;
+  const Backend &be = backend(ctx);
+  const Mat cache = high_cache(l, plan, slots);
+  be.scale_into(ctx, Axis::cols, cache, nullptr, 0.0f, w);
+  const FactorViews f = factor_views(l);
+  const Mat us = plan.mat(us16);
+  be.scale_into(ctx, Axis::cols, f.u_low, &f.s_low, 0.0f, us);
+  be.gemm(ctx, Op::N, us, Op::N, f.v_low, 1.0f, 1.0f, w);
+}
+
 /* The current dense weight W kept by the layer between calls, rebuilt only
  * when the trainable factors changed (their fingerprint says so): the
  * forward and backward of a step, and every micro-batch of an accumulation,
  * share one rebuild. */
 Mat current_weight(Layer &l, uint64_t fingerprint, const ScratchPlan &plan,
-                   const DenseSlots &slots) {
+                   const DenseSlots &slots, int us16) {
   const Mat w{l.w_cur, l.n, l.kin, l.kin, OSFTI_F32};
   if (l.w_cur != nullptr && l.w_cur_fingerprint == fingerprint) return w;
   Mat fresh = w;
@@ -172,7 +188,7 @@ Mat current_weight(Layer &l, uint64_t fingerprint, const ScratchPlan &plan,
                               "flinear current-weight cache");
   l.w_cur = fresh.data;
   l.w_cur_fingerprint = 0; /* invalid until rebuilt */
-  build_dense(l, fresh, plan, slots);
+  build_step_dense(l, fresh, plan, slots, us16);
   l.w_cur_fingerprint = fingerprint;
   return fresh;
 }
@@ -183,11 +199,14 @@ struct DenseWeight {
   DenseSlots slots;
   uint64_t fingerprint = 0;
   int w32 = -1, wc = -1;
+  int us16 = -1; /* n x l bf16: U_low diag(S_low), dense_bf16_products only */
 };
 
 DenseWeight plan_weight(Layer &l, osfti_dtype_t compute, ScratchPlan &plan) {
   DenseWeight d;
   d.slots = plan_dense(l, plan);
+  if (dense_bf16_products(plan_shape(l), compute))
+    d.us16 = plan.add_mat(l.n, l.l, OSFTI_BF16);
   d.fingerprint = trainable_fingerprint(l);
   if (d.fingerprint == 0) d.w32 = plan.add_mat(l.n, l.kin, OSFTI_F32);
   if (compute != OSFTI_F32) d.wc = plan.add_mat(l.n, l.kin, compute);
@@ -197,10 +216,10 @@ DenseWeight plan_weight(Layer &l, osfti_dtype_t compute, ScratchPlan &plan) {
 Mat build_weight(Layer &l, const ScratchPlan &plan, const DenseWeight &d) {
   Mat w32;
   if (d.fingerprint != 0) {
-    w32 = current_weight(l, d.fingerprint, plan, d.slots);
+    w32 = current_weight(l, d.fingerprint, plan, d.slots, d.us16);
   } else {
     w32 = plan.mat(d.w32);
-    build_dense(l, w32, plan, d.slots);
+    build_step_dense(l, w32, plan, d.slots, d.us16);
   }
   if (d.wc < 0) return w32;
   backend(*l.ctx).scale_into(*l.ctx, Axis::cols, w32, nullptr, 0.0f, plan.mat(d.wc));
@@ -299,14 +318,25 @@ void backward_dense(Layer &l, const Mat &x, const Mat &g, const GradViews &gr) {
   const Backend &be = backend(ctx);
   const bool want_low = gr.u != nullptr || gr.v != nullptr || gr.s != nullptr;
   const bool want_p = gr.v != nullptr || gr.s != nullptr;
-  const bool widen = l.factor_dtype != OSFTI_F32;
+  /* On bf16 hardware with bf16 factors, P and Q multiply the factors as
+   * they are with G split into bf16 halves, G_hi = bf16(G) and
+   * G_lo = bf16(G_hi - G) (bf16 GEMMs, fp32 results): Q = G_hi V_low^T
+   * alone, P = U_low^T G_hi - U_low^T G_lo, so that dS_low, a sum over G
+   * that may cancel, keeps G's fp32 precision. Otherwise P and Q are fp32
+   * GEMMs (bf16 factors widened). */
+  const bool b16 = dense_bf16_products(plan_shape(l), x.dtype);
+  const bool widen = l.factor_dtype != OSFTI_F32 && !b16;
   ScratchPlan plan;
   /* G = g^T x (for the factor gradients) reuses W's scratch when W is
-   * rebuilt into scratch: dx is done with W before G is written. */
+   * rebuilt into scratch, G_hi the compute-dtype copy of W: dx is done with
+   * W before G is written. */
   DenseWeight d;
   if (gr.x != nullptr) d = plan_weight(l, x.dtype, plan);
   const int g32 =
       want_low ? (d.w32 >= 0 ? d.w32 : plan.add_mat(l.n, l.kin, OSFTI_F32)) : -1;
+  const int g_hi =
+      want_low && b16 ? (d.wc >= 0 ? d.wc : plan.add_mat(l.n, l.kin, OSFTI_BF16)) : -1;
+  const int g_lo = want_p && b16 ? plan.add_mat(l.n, l.kin, OSFTI_BF16) : -1;
   const int u32 = want_low && widen ? plan.add_mat(l.n, l.l, OSFTI_F32) : -1;
   const int v32 = want_low && widen ? plan.add_mat(l.l, l.kin, OSFTI_F32) : -1;
   const int p = want_p ? plan.add_mat(l.l, l.kin, OSFTI_F32) : -1;
@@ -318,7 +348,7 @@ void backward_dense(Layer &l, const Mat &x, const Mat &g, const GradViews &gr) {
     be.gemm(ctx, Op::N, g, Op::N, w, 1.0f, gr.beta_x, as_mat(gr.x)); /* dx = g W */
   }
   if (!want_low) return;
-  const Mat gm = plan.mat(g32);
+  Mat gm = plan.mat(g32);
   be.gemm(ctx, Op::T, g, Op::N, x, 1.0f, 0.0f, gm); /* G = g^T x, fp32 */
   const FactorViews f = factor_views(l);
   Mat u_low = f.u_low, v_low = f.v_low;
@@ -328,9 +358,21 @@ void backward_dense(Layer &l, const Mat &x, const Mat &g, const GradViews &gr) {
     be.scale_into(ctx, Axis::cols, f.u_low, nullptr, 0.0f, u_low);
     be.scale_into(ctx, Axis::cols, f.v_low, nullptr, 0.0f, v_low);
   }
+  Mat lo;
+  if (b16) {
+    const Mat hi = plan.mat(g_hi);
+    be.scale_into(ctx, Axis::cols, gm, nullptr, 0.0f, hi);
+    if (want_p) {
+      be.scale_into(ctx, Axis::cols, hi, nullptr, -1.0f, gm); /* G_hi - G, exact */
+      lo = plan.mat(g_lo);
+      be.scale_into(ctx, Axis::cols, gm, nullptr, 0.0f, lo);
+    }
+    gm = hi;
+  }
   if (want_p) {
     const Mat pm = plan.mat(p);
     be.gemm(ctx, Op::T, u_low, Op::N, gm, 1.0f, 0.0f, pm); /* P = U_low^T G */
+    if (b16) be.gemm(ctx, Op::T, u_low, Op::N, lo, -1.0f, 1.0f, pm);
     if (gr.s != nullptr) be.reduce(ctx, Axis::rows, pm, &v_low, gr.beta_s, as_vec(gr.s));
     if (gr.v != nullptr)
       be.scale_into(ctx, Axis::rows, pm, &f.s_low, gr.beta_v, as_mat(gr.v));

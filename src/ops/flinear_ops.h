@@ -77,12 +77,17 @@ struct PlanShape {
   osfti_dtype_t factor_dtype = OSFTI_F32;
   osft_flinear_strategy_t strategy = OSFT_FLINEAR_AUTO;
   bool cuda = false, allow_tf32 = false;
-  bool kept = false; /* the rebuilt W is kept between calls (fingerprints) */
+  bool native_bf16 = false; /* Backend::native_bf16_gemm: bf16 GEMMs on bf16 hardware */
+  bool kept = false;        /* the rebuilt W is kept between calls (fingerprints) */
   size_t workspace_limit = 0;
 };
 PlanShape plan_shape(const Layer &layer);
 /* The relative cost of an fp32-operand GEMM flop next to a compute-dtype one. */
-double fp32_gemm_weight(bool cuda, bool allow_tf32, osfti_dtype_t compute) noexcept;
+double fp32_gemm_weight(const PlanShape &shape, osfti_dtype_t compute) noexcept;
+/* Whether the dense form runs its rebuild and factor-gradient GEMMs on bf16
+ * operands (the CPU with native bf16 GEMMs, bf16 factors and activations)
+ * rather than fp32 ones. */
+bool dense_bf16_products(const PlanShape &shape, osfti_dtype_t compute) noexcept;
 osft_flinear_strategy_t choose_strategy(const PlanShape &shape, int64_t tokens,
                                         osft_flinear_pass_t pass, const GradRequest &want,
                                         osfti_dtype_t compute);
@@ -108,11 +113,12 @@ void backward(Layer &layer, const DLTensor *x, const DLTensor *grad_y,
 }  // namespace osft
 
 /* The cost model's choice (an osft_flinear_strategy_t) for a layer shape on
- * a device, without a layer: for tests/c/test_flinear_plan.c. want: bit 0
- * grad_x, 1 grad_u_low, 2 grad_s_low, 3 grad_v_low, 4 grad_bias. */
-extern "C" int osfti_flinear_plan_choice(int cuda, int allow_tf32, int kept, int64_t n,
-                                         int64_t kin, int64_t r, int64_t l,
-                                         int factor_bf16, int compute_bf16,
+ * a device, without a layer: for tests/c/test_flinear_plan.c. native_bf16:
+ * the backend's native_bf16_gemm. want: bit 0 grad_x, 1 grad_u_low,
+ * 2 grad_s_low, 3 grad_v_low, 4 grad_bias. */
+extern "C" int osfti_flinear_plan_choice(int cuda, int allow_tf32, int native_bf16,
+                                         int kept, int64_t n, int64_t kin, int64_t r,
+                                         int64_t l, int factor_bf16, int compute_bf16,
                                          int64_t tokens, int backward, unsigned want,
                                          size_t workspace_limit);
 

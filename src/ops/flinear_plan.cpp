@@ -38,12 +38,24 @@ Cost factorized_cost(const PlanShape &l, double m, osft_flinear_pass_t pass,
   return c;
 }
 
+/* c with its fp32-operand GEMMs counted as compute-dtype ones where they
+ * run on bf16 operands. */
+Cost as_compute(Cost c, bool bf16_products) {
+  if (bf16_products) {
+    c.flops += c.flops32;
+    c.flops32 = 0.0;
+  }
+  return c;
+}
+
 /* flinear_compute.cpp's dense form: W = W_high + (U_low diag(S_low)) V_low
  * is rebuilt by an fp32 GEMM; y = x W^T and dx = g W run in the compute
  * dtype, as does G = g^T x (compute-dtype operands, fp32 result); the
- * factor gradients P = U_low^T G and Q = G V_low^T are fp32 GEMMs. */
+ * factor gradients P = U_low^T G and Q = G V_low^T are fp32 GEMMs. Where
+ * dense_bf16_products holds, the rebuild, P and Q take bf16 operands (G
+ * split into two bf16 halves, P taken over both): compute-dtype flops. */
 Cost dense_cost(const PlanShape &l, double m, osft_flinear_pass_t pass,
-                const GradRequest &w, double ec) {
+                const GradRequest &w, double ec, bool bf16_products) {
   const double n = l.n, kin = l.kin, lo = l.l, width = std::max(l.r, l.l);
   /* Where the backend fingerprints the trainable factors, the layer keeps
    * the rebuilt W between calls: one rebuild per step, paid by the
@@ -58,7 +70,7 @@ Cost dense_cost(const PlanShape &l, double m, osft_flinear_pass_t pass,
     c.flops32 = rebuild;
     c.flops = 2.0 * m * n * kin;
     c.bytes = weight_bytes;
-    return c;
+    return as_compute(c, bf16_products);
   }
   const bool low = w.u || w.v || w.s;
   if (w.x) {
@@ -68,11 +80,13 @@ Cost dense_cost(const PlanShape &l, double m, osft_flinear_pass_t pass,
   }
   if (low) {
     c.flops += 2.0 * m * n * kin;
-    c.flops32 +=
-        ((w.v || w.s) ? 2.0 * n * kin * lo : 0.0) + (w.u ? 2.0 * n * kin * lo : 0.0);
-    c.bytes += (kept || !w.x ? n * kin * 4.0 : 0.0) + (n + kin) * lo * 8.0;
+    /* P (twice where bf16_products: G's two halves) and Q */
+    const double p = (w.v || w.s) ? 2.0 * n * kin * lo : 0.0;
+    c.flops32 += (bf16_products ? 2.0 * p : p) + (w.u ? 2.0 * n * kin * lo : 0.0);
+    c.bytes += (kept || !w.x ? n * kin * 4.0 : 0.0) + (n + kin) * lo * 8.0 +
+               (bf16_products ? n * kin * 4.0 : 0.0);
   }
-  return c;
+  return as_compute(c, bf16_products);
 }
 
 const char *name(osft_flinear_strategy_t s) {
@@ -81,20 +95,37 @@ const char *name(osft_flinear_strategy_t s) {
 
 }  // namespace
 
-/* What an fp32-operand GEMM flop costs next to a compute-dtype one. On the
- * CPU a flop counts as a flop: OpenBLAS widens bf16 to fp32, so both run at
- * fp32 throughput (oneMKL's AMX bf16 GEMMs are faster than its fp32 ones,
- * a weight above 1 not yet measured, so not applied). On CUDA, bf16 GEMMs run on the
- * tensor cores and fp32 ones, without TF32, on the CUDA cores: an H100 or
- * H200 peaks at 989 TFLOP/s bf16 dense against 67 TFLOP/s fp32 (14.8x),
- * and the H200 run (bench/results/flinear_h200.csv, cuda_validation_h200.md)
- * measured about 18x for the dense form's fp32 GEMMs (4096^2, 8192 tokens,
- * rank ratio 0.5: 7.21 ms for cuBLAS's 1.03 ms of bf16 GEMMs plus 275 GFLOP
- * of fp32 ones) and 26x on the smaller 1024x4096. With TF32 allowed, fp32
- * GEMMs run at half the bf16 rate (495 TFLOP/s). */
-double fp32_gemm_weight(bool cuda, bool allow_tf32, osfti_dtype_t compute) noexcept {
-  if (!cuda || compute == OSFTI_F32) return 1.0;
-  return allow_tf32 ? 2.0 : 16.0;
+/* What an fp32-operand GEMM flop costs next to a compute-dtype one. On a
+ * CPU engine that widens bf16 to fp32 (OpenBLAS: Backend::native_bf16_gemm
+ * false) a flop counts as a flop: both run at fp32 throughput. Where the
+ * engine multiplies bf16 itself (oneMKL on AMX: native_bf16_gemm true) its
+ * bf16 GEMMs are faster: on an Intel Xeon (Emerald Rapids, 2 cores, oneMKL
+ * 2026.2, a shared machine) bench_flinear --dtype bf16 measured its bf16
+ * rate at 4.8-5.4x the fp32 one for this layer's token GEMMs at 2048 and
+ * 4096 wide (M x N x K = 4096x2048x2048, 2048x4096x4096, 4096x1024x4096),
+ * 3.1-5.4x for its rebuild GEMMs (2048x2048x1024, 4096x4096x2048,
+ * 1024x4096x512), 1.2-4x for the small 1792x512 ones; so 4. There, with bf16 factors, the
+ * dense form's rebuild and factor gradients themselves run on bf16 operands
+ * (dense_bf16_products): what is left in fp32 is that form with fp32 factors and bf16
+ * activations. On CUDA, bf16 GEMMs run on the tensor cores and fp32 ones, without TF32,
+ * on the CUDA cores: an H100 or H200 peaks at 989 TFLOP/s bf16 dense against 67 TFLOP/s
+ * fp32 (14.8x), and the H200 run (bench/results/flinear_h200.csv,
+ * cuda_validation_h200.md) measured about 18x for the dense form's fp32
+ * GEMMs (4096^2, 8192 tokens, rank ratio 0.5: 7.21 ms for cuBLAS's 1.03 ms
+ * of bf16 GEMMs plus 275 GFLOP of fp32 ones) and 26x on the smaller
+ * 1024x4096. With TF32 allowed, fp32 GEMMs run at half the bf16 rate
+ * (495 TFLOP/s). */
+double fp32_gemm_weight(const PlanShape &shape, osfti_dtype_t compute) noexcept {
+  if (compute == OSFTI_F32) return 1.0;
+  if (shape.cuda) return shape.allow_tf32 ? 2.0 : 16.0;
+  return shape.native_bf16 ? 4.0 : 1.0;
+}
+
+/* CPU only: CUDA's dense form keeps its fp32 products (measured so on the
+ * H200; the bf16 variant has not been run there). */
+bool dense_bf16_products(const PlanShape &shape, osfti_dtype_t compute) noexcept {
+  return !shape.cuda && shape.native_bf16 && compute == OSFTI_BF16 &&
+         shape.factor_dtype == OSFTI_BF16;
 }
 
 osft_flinear_strategy_t choose_strategy(const PlanShape &shape, int64_t tokens,
@@ -104,10 +135,11 @@ osft_flinear_strategy_t choose_strategy(const PlanShape &shape, int64_t tokens,
   const double m = static_cast<double>(tokens);
   const double ec = static_cast<double>(osfti_dtype_size(compute));
   const Cost f = factorized_cost(shape, m, pass, want, ec);
-  const Cost d = dense_cost(shape, m, pass, want, ec);
+  const Cost d =
+      dense_cost(shape, m, pass, want, ec, dense_bf16_products(shape, compute));
   const double limit = static_cast<double>(shape.workspace_limit);
   const bool dense_fits = limit == 0.0 || d.bytes <= limit;
-  const double w32 = fp32_gemm_weight(shape.cuda, shape.allow_tf32, compute);
+  const double w32 = fp32_gemm_weight(shape, compute);
   const double tf = f.time(w32), td = d.time(w32);
   const osft_flinear_strategy_t s =
       dense_fits && td < tf ? OSFT_FLINEAR_DENSE : OSFT_FLINEAR_FACTORIZED;
@@ -133,7 +165,9 @@ PlanShape plan_shape(const Layer &l) {
   p.strategy = l.strategy;
   p.cuda = on_cuda(*l.ctx);
   p.allow_tf32 = l.ctx->allow_tf32;
-  p.kept = backend(*l.ctx).fingerprint != nullptr;
+  const Backend &be = backend(*l.ctx);
+  p.native_bf16 = be.native_bf16_gemm != nullptr && be.native_bf16_gemm(*l.ctx);
+  p.kept = be.fingerprint != nullptr;
   p.workspace_limit = l.ctx->workspace_limit;
   return p;
 }
@@ -148,9 +182,9 @@ osft_flinear_strategy_t choose_strategy(const Layer &l, int64_t tokens,
 
 /* The planner without a layer or a device, for its unit test
  * (tests/c/test_flinear_plan.c): any device's choice on any machine. */
-extern "C" int osfti_flinear_plan_choice(int cuda, int allow_tf32, int kept, int64_t n,
-                                         int64_t kin, int64_t r, int64_t l,
-                                         int factor_bf16, int compute_bf16,
+extern "C" int osfti_flinear_plan_choice(int cuda, int allow_tf32, int native_bf16,
+                                         int kept, int64_t n, int64_t kin, int64_t r,
+                                         int64_t l, int factor_bf16, int compute_bf16,
                                          int64_t tokens, int backward, unsigned want,
                                          size_t workspace_limit) {
   osft::PlanShape p;
@@ -162,6 +196,7 @@ extern "C" int osfti_flinear_plan_choice(int cuda, int allow_tf32, int kept, int
   p.strategy = OSFT_FLINEAR_AUTO;
   p.cuda = cuda != 0;
   p.allow_tf32 = allow_tf32 != 0;
+  p.native_bf16 = native_bf16 != 0;
   p.kept = kept != 0;
   p.workspace_limit = workspace_limit;
   osft::GradRequest g;

@@ -10,10 +10,10 @@
 #include "test_util.h"
 
 /* src/ops/flinear_ops.h (tests may not include src/ops/). */
-int osfti_flinear_plan_choice(int cuda, int allow_tf32, int kept, int64_t n, int64_t kin,
-                              int64_t r, int64_t l, int factor_bf16, int compute_bf16,
-                              int64_t tokens, int backward, unsigned want,
-                              size_t workspace_limit);
+int osfti_flinear_plan_choice(int cuda, int allow_tf32, int native_bf16, int kept,
+                              int64_t n, int64_t kin, int64_t r, int64_t l,
+                              int factor_bf16, int compute_bf16, int64_t tokens,
+                              int backward, unsigned want, size_t workspace_limit);
 
 enum { WANT_X = 1, WANT_U = 2, WANT_S = 4, WANT_V = 8, WANT_BIAS = 16, WANT_ALL = 31 };
 
@@ -29,8 +29,8 @@ static const plan_shape_t kLlama[4] = {
  * and activations, rank ratio 0.5. */
 static int cuda_bf16(plan_shape_t s, int64_t tokens, int backward, int tf32) {
   const int64_t k = s.n < s.kin ? s.n : s.kin;
-  return osfti_flinear_plan_choice(1, tf32, 0, s.n, s.kin, k / 2, k - k / 2, 1, 1, tokens,
-                                   backward, WANT_ALL, 0);
+  return osfti_flinear_plan_choice(1, tf32, 1, 0, s.n, s.kin, k / 2, k - k / 2, 1, 1,
+                                   tokens, backward, WANT_ALL, 0);
 }
 
 static void test_cuda_bf16_picks_the_measured_faster_form(void **state) {
@@ -56,17 +56,42 @@ static void test_cpu_counts_flops_alike(void **state) {
    * GEMM flops at rank ratio 0.5) wins, with few the factorized one. */
   const plan_shape_t sq = {2048, 2048};
   for (int backward = 0; backward < 2; ++backward) {
-    assert_int_equal(osfti_flinear_plan_choice(0, 0, 1, sq.n, sq.kin, 1024, 1024, 0, 0,
+    assert_int_equal(osfti_flinear_plan_choice(0, 0, 0, 1, sq.n, sq.kin, 1024, 1024, 0, 0,
                                                4096, backward, WANT_ALL, 0),
                      OSFT_FLINEAR_DENSE);
-    assert_int_equal(osfti_flinear_plan_choice(0, 0, 1, sq.n, sq.kin, 1024, 1024, 0, 0,
+    assert_int_equal(osfti_flinear_plan_choice(0, 0, 0, 1, sq.n, sq.kin, 1024, 1024, 0, 0,
                                                16, backward, WANT_ALL, 0),
                      OSFT_FLINEAR_FACTORIZED);
   }
   /* bf16 on the CPU: unchanged, flops decide too. */
-  assert_int_equal(osfti_flinear_plan_choice(0, 0, 1, sq.n, sq.kin, 1024, 1024, 1, 1,
+  assert_int_equal(osfti_flinear_plan_choice(0, 0, 0, 1, sq.n, sq.kin, 1024, 1024, 1, 1,
                                              4096, 0, WANT_ALL, 0),
                    OSFT_FLINEAR_DENSE);
+}
+
+static int cpu_square(int native_bf16, int factor_bf16, int compute_bf16, int backward) {
+  return osfti_flinear_plan_choice(0, 0, native_bf16, 1, 2048, 2048, 1024, 1024,
+                                   factor_bf16, compute_bf16, 4096, backward, WANT_ALL,
+                                   0);
+}
+
+static void test_cpu_native_bf16_weighs_fp32_gemms(void **state) {
+  (void)state;
+  /* oneMKL on AMX (native bf16 GEMMs, about 4x its fp32 rate on an Intel
+   * Xeon Emerald Rapids): with fp32 factors and bf16 activations the dense
+   * form's backward keeps 17 GFLOP of fp32 GEMMs (P and Q) beside 69 of
+   * bf16 ones, 69 + 4 x 17 > the factorized form's 120 GFLOP of bf16 ones,
+   * where flop for flop (weight 1) it won at 86. */
+  assert_int_equal(cpu_square(1, 0, 1, 1), OSFT_FLINEAR_FACTORIZED);
+  /* An engine that widens bf16 (OpenBLAS): flop for flop, as before. */
+  assert_int_equal(cpu_square(0, 0, 1, 1), OSFT_FLINEAR_DENSE);
+  /* bf16 factors too: the dense form's rebuild, P and Q run on bf16
+   * operands there, so every GEMM counts alike and it wins both passes. */
+  for (int backward = 0; backward < 2; ++backward) {
+    assert_int_equal(cpu_square(1, 1, 1, backward), OSFT_FLINEAR_DENSE);
+    /* fp32 activations: every GEMM fp32 on either engine. */
+    assert_int_equal(cpu_square(1, 0, 0, backward), cpu_square(0, 0, 0, backward));
+  }
 }
 
 static void test_cuda_fp32_counts_flops_alike(void **state) {
@@ -78,10 +103,11 @@ static void test_cuda_fp32_counts_flops_alike(void **state) {
     const int64_t k = s.n < s.kin ? s.n : s.kin;
     for (int backward = 0; backward < 2; ++backward)
       for (int tf32 = 0; tf32 < 2; ++tf32)
-        assert_int_equal(osfti_flinear_plan_choice(1, tf32, 0, s.n, s.kin, k / 2, k / 2,
-                                                   0, 0, 8192, backward, WANT_ALL, 0),
-                         osfti_flinear_plan_choice(0, 0, 0, s.n, s.kin, k / 2, k / 2, 0,
-                                                   0, 8192, backward, WANT_ALL, 0));
+        assert_int_equal(
+            osfti_flinear_plan_choice(1, tf32, 1, 0, s.n, s.kin, k / 2, k / 2, 0, 0, 8192,
+                                      backward, WANT_ALL, 0),
+            osfti_flinear_plan_choice(0, 0, 0, 0, s.n, s.kin, k / 2, k / 2, 0, 0, 8192,
+                                      backward, WANT_ALL, 0));
   }
 }
 
@@ -98,8 +124,8 @@ static void test_cuda_tf32_makes_the_rebuild_cheaper(void **state) {
 
 static void test_workspace_limit_rules_out_dense(void **state) {
   (void)state;
-  assert_int_equal(osfti_flinear_plan_choice(0, 0, 0, 2048, 2048, 1024, 1024, 0, 0, 4096,
-                                             1, WANT_ALL, 1u << 20),
+  assert_int_equal(osfti_flinear_plan_choice(0, 0, 0, 0, 2048, 2048, 1024, 1024, 0, 0,
+                                             4096, 1, WANT_ALL, 1u << 20),
                    OSFT_FLINEAR_FACTORIZED);
 }
 
@@ -125,8 +151,8 @@ static void test_public_report_matches(void **state) {
       assert_ok(osft_flinear_choose_strategy(
           layer, m, backward ? OSFT_FLINEAR_BACKWARD : OSFT_FLINEAR_FORWARD, &s));
       assert_int_equal(
-          s, osfti_flinear_plan_choice(cuda, 0, !cuda, shape[0], shape[1], 24, 24, 0, 0,
-                                       m, backward, WANT_ALL, 0));
+          s, osfti_flinear_plan_choice(cuda, 0, cuda, !cuda, shape[0], shape[1], 24, 24,
+                                       0, 0, m, backward, WANT_ALL, 0));
     }
   osft_flinear_destroy(layer);
   osft_context_destroy(ctx);
@@ -138,6 +164,7 @@ int main(void) {
       cmocka_unit_test(test_cuda_bf16_picks_the_measured_faster_form),
       cmocka_unit_test(test_cuda_bf16_factorized_at_any_token_count),
       cmocka_unit_test(test_cpu_counts_flops_alike),
+      cmocka_unit_test(test_cpu_native_bf16_weighs_fp32_gemms),
       cmocka_unit_test(test_cuda_fp32_counts_flops_alike),
       cmocka_unit_test(test_cuda_tf32_makes_the_rebuild_cheaper),
       cmocka_unit_test(test_workspace_limit_rules_out_dense),
