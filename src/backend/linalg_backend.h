@@ -123,6 +123,8 @@ class PackedB {
     be.gemm(ctx_, op_a, a, op_, b_, alpha, beta, c);
   }
   const Mat &b() const noexcept { return b_; }
+  /* Whether B was packed (otherwise gemm() is the plain one). */
+  bool packed() const noexcept { return data_ != nullptr; }
 
  private:
   Context &ctx_;

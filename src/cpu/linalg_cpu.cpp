@@ -244,8 +244,28 @@ void gemm_with(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b,
   if (c.dtype != OSFTI_F32) narrow(cp, c);
 }
 
+/* Whether a single bf16 GEMM packs B first (through a one-shot PackedB:
+ * oneMKL's plain bf16 GEMM is slow where one dimension is vocabulary-sized).
+ * Measured one GEMM, pack time included (notes/mkl_single_pack.md; Intel
+ * Xeon Emerald Rapids, 2 cores, oneMKL, 2 threads), median saved: 1024 x
+ * 32000 x 512 (M x N x K, x W^T) 39-41%, 512 rows 39%; 1024 x 512 x 32000
+ * (g W) 17-31%, 512 rows 7%, 256 rows -2%; 32000 x 512 x 256/512 (g^T x)
+ * 24-36%, x 1024 27% / -9% (best: 18%); 1024 x 16384 x 512 19-21%, x 2048
+ * 0%. FLCE bf16 (1024 x 512 x 32000) forward + backward, interleaved in one
+ * process: best -11..-15%. The OSFT layer's 2048- and 1792 x 512-wide GEMMs
+ * at 4096 tokens: -23..+15% (noise), 512^3: -6..-25%: not packed. */
+bool pack_single(const Mat &a, const Mat &b, const Mat &c, int64_t k) {
+  return a.dtype == OSFTI_BF16 && b.dtype == OSFTI_BF16 && c.rows >= 512 &&
+         std::max({c.rows, c.cols, k}) >= 16384;
+}
+
 void cpu_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float alpha,
               float beta, const Mat &c) {
+  if (pack_single(a, b, c, op_a == Op::N ? a.cols : a.rows)) {
+    /* packs only where the engine packs and the copy fits (else plain) */
+    const PackedB once(ctx, op_b, b, c.rows);
+    if (once.packed()) return once.gemm(op_a, a, alpha, beta, c);
+  }
   gemm_with(ctx, op_a, a, op_b, b, nullptr, alpha, beta, c);
 }
 
