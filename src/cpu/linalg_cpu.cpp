@@ -246,7 +246,7 @@ void gemm_with(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b,
 
 /* Whether a single bf16 GEMM packs B first (through a one-shot PackedB:
  * oneMKL's plain bf16 GEMM is slow where one dimension is vocabulary-sized).
- * Measured one GEMM, pack time included (notes/mkl_single_pack.md; Intel
+ * Measured one GEMM, pack time included (Intel
  * Xeon Emerald Rapids, 2 cores, oneMKL, 2 threads), median saved: 1024 x
  * 32000 x 512 (M x N x K, x W^T) 39-41%, 512 rows 39%; 1024 x 512 x 32000
  * (g W) 17-31%, 512 rows 7%, 256 rows -2%; 32000 x 512 x 256/512 (g^T x)
