@@ -122,7 +122,6 @@ class PackedB {
       return be.gemm_packed_b(ctx_, op_a, a, op_, b_, data_, alpha, beta, c);
     be.gemm(ctx_, op_a, a, op_, b_, alpha, beta, c);
   }
-  const Mat &b() const noexcept { return b_; }
   /* Whether B was packed (otherwise gemm() is the plain one). */
   bool packed() const noexcept { return data_ != nullptr; }
 
@@ -134,6 +133,25 @@ class PackedB {
   void *data_ = nullptr;
   size_t bytes_ = 0;
 };
+
+/* C = alpha op(A) op(B) + beta C through `packed` (B as packed, or plain
+ * where it was not) when given, else the plain gemm. */
+inline void gemm_with_packed(Context &ctx, const PackedB *packed, Op op_a, const Mat &a,
+                             Op op_b, const Mat &b, float alpha, float beta,
+                             const Mat &c) {
+  if (packed != nullptr) return packed->gemm(op_a, a, alpha, beta, c);
+  backend(ctx).gemm(ctx, op_a, a, op_b, b, alpha, beta, c);
+}
+
+/* Splits fp32 c into two bf16 halves, hi = bf16(c) and lo = bf16(hi - c),
+ * so that two bf16 GEMMs with fp32 accumulation (one on hi, one subtracting
+ * lo) carry 16 bits of c's mantissa. c is overwritten with hi - c (exact). */
+inline void split_bf16(Context &ctx, const Mat &c, const Mat &hi, const Mat &lo) {
+  const Backend &be = backend(ctx);
+  be.scale_into(ctx, Axis::cols, c, nullptr, 0.0f, hi);
+  be.scale_into(ctx, Axis::cols, hi, nullptr, -1.0f, c);
+  be.scale_into(ctx, Axis::cols, c, nullptr, 0.0f, lo);
+}
 
 }  // namespace osft
 

@@ -111,10 +111,7 @@ class Run {
   /* packed: b packed for op_b, or nullptr */
   void gemm(Op op_a, const Mat &a, Op op_b, const Mat &b, float beta, const Mat &c,
             const PackedB *packed = nullptr) {
-    if (packed != nullptr)
-      packed->gemm(op_a, a, 1.0f, beta, c);
-    else
-      be_.gemm(ctx_, op_a, a, op_b, b, 1.0f, beta, c);
+    gemm_with_packed(ctx_, packed, op_a, a, op_b, b, 1.0f, beta, c);
     ++counts_.calls;
     const int64_t passes = beta != 0.0f ? 2 : 1; /* read-modify-write, or write */
     /* Without bf16 GEMMs (the CPU) a bf16 C is widened (when read) and

@@ -361,11 +361,11 @@ void backward_dense(Layer &l, const Mat &x, const Mat &g, const GradViews &gr) {
   Mat lo;
   if (b16) {
     const Mat hi = plan.mat(g_hi);
-    be.scale_into(ctx, Axis::cols, gm, nullptr, 0.0f, hi);
     if (want_p) {
-      be.scale_into(ctx, Axis::cols, hi, nullptr, -1.0f, gm); /* G_hi - G, exact */
       lo = plan.mat(g_lo);
-      be.scale_into(ctx, Axis::cols, gm, nullptr, 0.0f, lo);
+      split_bf16(ctx, gm, hi, lo);
+    } else {
+      be.scale_into(ctx, Axis::cols, gm, nullptr, 0.0f, hi);
     }
     gm = hi;
   }

@@ -411,10 +411,7 @@ void backward_tile(Context &ctx, const Mlp &m, Layer *const *layers, const Reque
                first);
     }
   } else if (r.need_dh) {
-    if (wn[kDown] != nullptr)
-      wn[kDown]->gemm(Op::N, v.gy, 1.0f, 0.0f, v.dh);
-    else
-      backend(ctx).gemm(ctx, Op::N, v.gy, Op::N, down.weight, 1.0f, 0.0f, v.dh);
+    gemm_with_packed(ctx, wn[kDown], Op::N, v.gy, Op::N, down.weight, 1.0f, 0.0f, v.dh);
   }
   const Mat *h_dense = opt(v.u, !is_layer(down) && want_h);
   if (r.need_dh)

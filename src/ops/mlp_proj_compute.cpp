@@ -54,8 +54,7 @@ void project(Context &ctx, const Projection &p, const Mat &in, const Mat &out,
     be.broadcast_rows(ctx, p.bias, out);
     beta = 1.0f;
   }
-  if (w != nullptr) return w->gemm(Op::N, in, 1.0f, beta, out);
-  be.gemm(ctx, Op::N, in, Op::T, p.weight, 1.0f, beta, out);
+  gemm_with_packed(ctx, w, Op::N, in, Op::T, p.weight, 1.0f, beta, out);
 }
 
 void finish(Context &ctx, const Accum &a) {
@@ -76,9 +75,8 @@ void backprop(Context &ctx, const Projection &p, Layer *layer, const Mat &in,
   /* dW (out x in) += grad_out^T in: the GEMM sums the tiles (beta = 1). */
   if (g.w.active)
     be.gemm(ctx, Op::T, grad_out, Op::N, in, 1.0f, g.w.beta(first), g.w.acc);
-  if (dx == nullptr) return;
-  if (w_n != nullptr) return w_n->gemm(Op::N, grad_out, 1.0f, beta_x, *dx);
-  be.gemm(ctx, Op::N, grad_out, Op::N, p.weight, 1.0f, beta_x, *dx);
+  if (dx != nullptr)
+    gemm_with_packed(ctx, w_n, Op::N, grad_out, Op::N, p.weight, 1.0f, beta_x, *dx);
 }
 
 /* What flinear_compute.cpp plans for the strategy, every optional buffer

@@ -160,9 +160,7 @@ Mat shaped(const Mat &slot, const Mat &m) {
 void update_split(Context &ctx, const View &v, const Mat &c, const Scratch &s) {
   const Backend &b = backend(ctx);
   const Mat hi = shaped(s.plan.mat(s.c_hi), c), lo = shaped(s.plan.mat(s.c_lo), c);
-  b.scale_into(ctx, Axis::cols, c, nullptr, 0.0f, hi);
-  b.scale_into(ctx, Axis::cols, hi, nullptr, -1.0f, c); /* c = C_hi - C, exact */
-  b.scale_into(ctx, Axis::cols, c, nullptr, 0.0f, lo);
+  split_bf16(ctx, c, hi, lo);
   const bool direct = v.x.dtype == OSFTI_F32;
   const Mat acc = direct ? v.x : shaped(s.plan.mat(s.acc), v.x);
   full_times(ctx, v, v.full, hi, -1.0f, direct ? 1.0f : 0.0f, acc);
