@@ -28,16 +28,21 @@
  * of all U coefficients against one per target.
  *
  *   mpirun -np P bench_projection [--scale S] [--layers L] [--reps R]
- *                                 [--csv FILE (appended)]
+ *                                 [--counts] [--csv FILE (appended)]
+ *
+ * --counts prints what one batched step did (osft_projector_info_t
+ * last_*): GEMMs, GEMM calls (a batched call counts one), element-wise
+ * calls, collectives and host waits.
  *
  * --device cuda (one GPU, one rank, no MPI: see bench_cuda_projection
  * below) times the gradient + parameter projection of the same 224 targets
- * at full size (--scale 1), bf16 factors, against the same GEMMs issued
- * straight to cuBLAS (the floor), in the same run:
+ * at full size (--scale 1), bf16 factors, in each update arithmetic
+ * (osft_projection_arithmetic_t), against the same GEMMs issued straight
+ * to cuBLAS (the floors), in the same run:
  *
  *   bench_projection --device cuda [--layout fsdp|tp|replicated]
  *                    [--layers L] [--scale S] [--reps R] [--tf32 0|1|both]
- *                    [--csv FILE (written)]
+ *                    [--arith auto|exact|both] [--csv FILE (written)]
  *
  * A build without MPI (OSFT_BENCH_NO_MPI) runs the CPU mode as one rank.
  */
@@ -324,6 +329,21 @@ static result traffic_of(step_fn f, run_state *s, osft_comm_t comm) {
 
 static FILE *g_csv;
 static double g_timeout;
+static int g_counts; /* --counts */
+
+/* What the projector's last call did (osft_projector_info_t last_*). */
+static void print_counts(const char *layout, const char *what, osft_projector_t p) {
+  osft_projector_info_t info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  CHECK(osft_projector_get_info(p, &info));
+  printf(
+      "# counts %s%s: %lld targets; per call %lld GEMMs in %lld GEMM calls, %lld "
+      "element-wise calls, %lld collectives, %lld host waits\n",
+      layout, what, (long long)info.targets, (long long)info.last_gemms,
+      (long long)info.last_gemm_calls, (long long)info.last_elementwise_calls,
+      (long long)info.last_collectives, (long long)info.last_host_waits);
+}
 
 static void emit(const char *layout, const char *method, result r, double base_ms,
                  double min_bytes, double setup_bytes) {
@@ -380,6 +400,7 @@ static void bench_layout(osft_context_t ctx, osft_comm_t comm, int layout, int s
   result res[3];
   double ms[3][64];
   for (int m = 0; m < 3; ++m) res[m] = traffic_of(fns[m], &s, comm);
+  if (g_counts && g_rank == 0) print_counts(layout_names[layout], "", s.batched);
   for (int rep = 0; rep < reps; ++rep)
     for (int k = 0; k < 3; ++k) {
       const int m = (rep + k) % 3;
@@ -458,25 +479,29 @@ static void bench_collectives(osft_comm_t comm, int scale, int layers, int reps)
  * V_high, dV_low, V_low of each of the 224 targets: 29.2 GB; a step
  * projects the gradients, osft_projector_project, then the parameters,
  * osft_projector_project_params). One context per TF32 setting (it
- * matters only to fp32 factors: with bf16 ones the library's update is
- * two bf16 GEMMs against C's bf16 halves, fp32 accumulation), its
- * communicator one-rank NCCL when the library has NCCL, else the self
+ * matters only to fp32 GEMMs, which bf16 factors never run) and update
+ * arithmetic, its communicator one-rank NCCL (infinite timeout: the
+ * collective stays on the stream) when the library has NCCL, else the self
  * communicator (the output says which). Layout fsdp (default): U_ROWS +
  * V_ROWS, FSDP2's; the U coefficients of all targets go through the one
  * all-reduce per call; tp: U_ROWS + V_COLS, both; replicated: none.
  *
- * Methods (per TF32 setting, side by side, round-robin):
- *   osft         the library: project + project_params, synchronized
- *   gemm floor   the same GEMMs, in the same types, straight to cuBLAS:
- *                per part and pass C = high^T x (bf16 x bf16 -> fp32), then
- *                acc = -high C_hi + high C_lo (bf16 x bf16 -> fp32, the
- *                second with beta 1); without the library's split of C
- *                into bf16 halves, its add of acc into bf16 x, its
- *                collective and its launch overhead. The issue's goal:
- *                osft <= 1.1x this.
- *   bf16 floor   the GEMMs of mini_trainer's per-target code (coefficients
- *                and update all bf16, as bench/gpu/peers_projection_torch.py
- *                runs them): the least a bf16 projection costs.
+ * Methods (side by side, round-robin):
+ *   osft auto    the library, default arithmetic (bf16 factors: C rounded
+ *                to bf16, one bf16 GEMM per update): project +
+ *                project_params, synchronized
+ *   osft exact   the library, OSFT_PROJECTION_ARITHMETIC_EXACT (C split
+ *                into two bf16 halves: two update GEMMs)
+ *   bf16 floor   the GEMMs of the default arithmetic straight to cuBLAS, one
+ *                call per target and part: C = high^T x (bf16 x bf16 ->
+ *                bf16), x -= high C (beta 1). These are mini_trainer's
+ *                GEMMs too (bench/gpu/peers_projection_torch.py): the least
+ *                a bf16 projection costs per target. osft auto / this is its
+ *                "own GEMM floor" ratio (issue 34's goal: <= 1.05).
+ *   split floor  the exact arithmetic's GEMMs: C (bf16 x bf16 -> fp32),
+ *                then acc = -high C_hi + high C_lo (fp32, the second with
+ *                beta 1); without the split itself, the add of acc into bf16
+ *                x, the collective and launch overhead.
  * Data: uniform random, high factors scaled so that |1 - sigma^2| <= 1 for
  * every singular value of U_high (V_high), so repeated projections never
  * grow (the factors are not orthonormal: timing only). */
@@ -674,6 +699,8 @@ typedef struct {
   osft_comm_t comm;
   cu_floor *floor;
   int tf32;
+  int arith;    /* the library's osft_projection_arithmetic_t */
+  int floor_of; /* the library: index of its GEMM floor among the methods */
   double t[64];
 } cu_method;
 
@@ -692,7 +719,7 @@ static void cu_step(cu_method *m) {
 /* A CUDA context (allow_tf32 as given), its communicator and a projector
  * with every target. Returns the communicator's name. */
 static const char *cu_library(cu_method *m, cu_target *t, int n_targets, int layout,
-                              int tf32) {
+                              int tf32, int arith) {
   osft_context_options_t co;
   CHECK(OSFT_CONTEXT_OPTIONS_INIT(&co));
   co.device_type = OSFT_DEVICE_CUDA;
@@ -716,7 +743,10 @@ static const char *cu_library(cu_method *m, cu_target *t, int n_targets, int lay
     }
     CHECK(osft_comm_create_self(m->ctx, &copts, &m->comm));
   }
-  CHECK(osft_projector_create(m->ctx, m->comm, NULL, &m->proj));
+  osft_projector_options_t po;
+  CHECK(OSFT_PROJECTOR_OPTIONS_INIT(&po));
+  po.arithmetic = arith;
+  CHECK(osft_projector_create(m->ctx, m->comm, &po, &m->proj));
   for (int i = 0; i < n_targets; ++i) {
     osft_projection_target_t d = cu_describe(&t[i], layout);
     CHECK(osft_projector_add_target(m->proj, &d, NULL));
@@ -727,11 +757,11 @@ static const char *cu_library(cu_method *m, cu_target *t, int n_targets, int lay
   info.struct_size = sizeof info;
   CHECK(osft_projector_get_info(m->proj, &info));
   printf(
-      "# projector (tf32 %s): %lld targets, %lld coefficients all-reduced per call, "
+      "# projector (%s, tf32 %s): %lld targets, %lld coefficients all-reduced per call, "
       "%lld collective(s) per call, %.2f GB coefficients, %.2f GB gathered V_high\n",
-      tf32 ? "on" : "off", (long long)info.targets, (long long)info.reduced_elements,
-      (long long)info.collectives_per_project, info.coefficient_bytes / 1e9,
-      info.gathered_bytes / 1e9);
+      m->name, tf32 ? "on" : "off", (long long)info.targets,
+      (long long)info.reduced_elements, (long long)info.collectives_per_project,
+      info.coefficient_bytes / 1e9, info.gathered_bytes / 1e9);
   return comm_name;
 }
 
@@ -751,7 +781,8 @@ static int cu_finite(const void *dev, size_t n) {
 }
 
 static int bench_cuda_projection(int argc, char **argv) {
-  int scale = 1, layers = 32, reps = 5, layout = FSDP, tf32_from = 0, tf32_to = 1;
+  int scale = 1, layers = 32, reps = 5, layout = FSDP, tf32_from = 0, tf32_to = 0;
+  int arith_auto = 1, arith_exact = 1;
   const char *csv_path = NULL;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--device") && i + 1 < argc)
@@ -771,10 +802,17 @@ static int bench_cuda_projection(int argc, char **argv) {
       ++i;
       tf32_from = !strcmp(argv[i], "1");
       tf32_to = strcmp(argv[i], "0") ? 1 : 0;
+    } else if (!strcmp(argv[i], "--arith") && i + 1 < argc) {
+      ++i;
+      arith_auto = strcmp(argv[i], "exact") != 0;
+      arith_exact = strcmp(argv[i], "auto") != 0;
+    } else if (!strcmp(argv[i], "--counts")) {
+      g_counts = 1;
     } else {
       fprintf(stderr,
               "usage: %s --device cuda [--layout fsdp|tp|replicated] [--layers L] "
-              "[--scale S] [--reps R] [--tf32 0|1|both] [--csv FILE]\n",
+              "[--scale S] [--reps R] [--tf32 0|1|both] [--arith auto|exact|both] "
+              "[--counts] [--csv FILE]\n",
               argv[0]);
       return 2;
     }
@@ -814,52 +852,51 @@ static int bench_cuda_projection(int argc, char **argv) {
   cublas_check(cublasCreate(&blas), "cublasCreate");
   float *h32 = xmalloc(sizeof(float) * max_x);
   fill_uniform(h32, max_x, 31u, 0.05f);
-  cu_floor floors[3];
+  /* The floors: [0] the split arithmetic's GEMMs, [1] the bf16 ones. */
+  cu_floor floors[2];
   void *coef = NULL, *x32 = upload(h32, max_x, 0);
   free(h32);
   cuda_check(cudaMalloc(&coef, sizeof(float) * max_rl), "cudaMalloc (coefficients)");
-  cu_method m[5];
+  cu_method m[8];
   int nm = 0;
-  const char *comm_name = "";
-  for (int tf = tf32_from; tf <= tf32_to; ++tf) {
+  for (int f = 0; f < 2; ++f) {
+    memset(&floors[f], 0, sizeof floors[f]);
+    floors[f].n_targets = n_targets, floors[f].t = t, floors[f].blas = blas;
+    floors[f].coef = coef, floors[f].x32 = x32, floors[f].bf16 = f;
     memset(&m[nm], 0, sizeof m[nm]);
-    m[nm].name = "osft";
-    m[nm].tf32 = tf;
-    comm_name = cu_library(&m[nm], t, n_targets, layout, tf);
-    ++nm;
-    cu_floor *f = &floors[tf];
-    memset(f, 0, sizeof *f);
-    f->n_targets = n_targets, f->tf32 = tf, f->t = t, f->blas = blas;
-    f->coef = coef, f->x32 = x32;
-    memset(&m[nm], 0, sizeof m[nm]);
-    m[nm].name = "gemm floor";
+    m[nm].name = f ? "bf16 floor (mini_trainer's GEMMs)" : "split floor (exact's GEMMs)";
     m[nm].kind = 1;
-    m[nm].floor = f;
-    m[nm].tf32 = tf;
+    m[nm].floor = &floors[f];
+    m[nm].tf32 = -1;
     ++nm;
   }
-  cu_floor *fb = &floors[2];
-  memset(fb, 0, sizeof *fb);
-  fb->n_targets = n_targets, fb->bf16 = 1, fb->t = t, fb->blas = blas, fb->coef = coef;
-  memset(&m[nm], 0, sizeof m[nm]);
-  m[nm].name = "bf16 floor (mini_trainer's GEMMs)";
-  m[nm].kind = 1;
-  m[nm].floor = fb;
-  m[nm].tf32 = -1;
-  ++nm;
+  const char *comm_name = "";
+  for (int tf = tf32_from; tf <= tf32_to; ++tf)
+    for (int a = 0; a < 2; ++a) {
+      if (!(a ? arith_exact : arith_auto)) continue;
+      memset(&m[nm], 0, sizeof m[nm]);
+      m[nm].name = a ? "osft exact (split C)" : "osft auto (bf16 C)";
+      m[nm].tf32 = tf;
+      m[nm].arith =
+          a ? OSFT_PROJECTION_ARITHMETIC_EXACT : OSFT_PROJECTION_ARITHMETIC_AUTO;
+      m[nm].floor_of = a ? 0 : 1;
+      comm_name = cu_library(&m[nm], t, n_targets, layout, tf, m[nm].arith);
+      ++nm;
+    }
   cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   printf(
       "# communicator: %s; setup %.1f s; median of %d steps (gradients + parameters), "
       "methods round-robin after one warm-up step each\n",
       comm_name, (now_ms() - t_setup) / 1e3, reps);
   /* Collectives of one step (the warm-up) from the communicator's counters. */
-  double calls[5] = {0}, payload[5] = {0};
+  double calls[8] = {0}, payload[8] = {0};
   for (int i = 0; i < nm; ++i) {
     osft_comm_stats_t a, b;
     a.struct_size = b.struct_size = sizeof a;
     if (m[i].kind == 0) CHECK(osft_comm_get_stats(m[i].comm, &a));
     cu_step(&m[i]);
     if (m[i].kind == 0) {
+      if (g_counts) print_counts(m[i].name, " (parameter pass)", m[i].proj);
       CHECK(osft_comm_get_stats(m[i].comm, &b));
       calls[i] = (double)(b.allreduce_calls + b.allgather_calls - a.allreduce_calls -
                           a.allgather_calls);
@@ -887,14 +924,10 @@ static int bench_cuda_projection(int argc, char **argv) {
   }
   printf("%-36s %5s %10s %9s %9s %11s %8s %6s %11s\n", "method", "tf32", "median ms",
          "min ms", "max ms", "/gemm floor", "TFLOP/s", "coll", "payload MB");
-  double floor_ms[2] = {0, 0};
-  for (int i = 0; i < nm; ++i) {
-    qsort(m[i].t, (size_t)reps, sizeof(double), cmp_ms);
-    if (m[i].kind == 1 && m[i].tf32 >= 0) floor_ms[m[i].tf32] = m[i].t[reps / 2];
-  }
+  for (int i = 0; i < nm; ++i) qsort(m[i].t, (size_t)reps, sizeof(double), cmp_ms);
   for (int i = 0; i < nm; ++i) {
     const double med = m[i].t[reps / 2];
-    const double fl = m[i].tf32 >= 0 ? floor_ms[m[i].tf32] : 0;
+    const double fl = m[i].kind == 0 ? m[m[i].floor_of].t[reps / 2] : 0;
     char tf[8];
     snprintf(tf, sizeof tf, "%s", m[i].tf32 < 0 ? "-" : m[i].tf32 ? "on" : "off");
     printf("%-36s %5s %10.2f %9.2f %9.2f %10.3fx %8.1f %6.0f %11.2f\n", m[i].name, tf,
@@ -963,11 +996,13 @@ int main(int argc, char **argv) {
       csv_path = argv[++i];
     else if (!strcmp(argv[i], "--timeout") && i + 1 < argc)
       timeout = strtod(argv[++i], NULL); /* "inf": MPI's blocking collectives */
+    else if (!strcmp(argv[i], "--counts"))
+      g_counts = 1;
     else {
       if (g_rank == 0)
         fprintf(stderr,
                 "usage: %s [--device cpu|cuda] [--scale S] [--layers L] [--reps R] "
-                "[--timeout SECONDS|inf] [--csv FILE]\n",
+                "[--timeout SECONDS|inf] [--counts] [--csv FILE]\n",
                 argv[0]);
 #ifndef OSFT_BENCH_NO_MPI
       MPI_Finalize();

@@ -24,8 +24,11 @@ target in turn:
     the same on U_low and V_low.
 i.e. dU_low -= U_high (U_high^T dU_low), dV_low -= (dV_low V_high^T) V_high
 (include/osftrt/projection.h; DESIGN.md 3.2), with bf16 coefficients and
-bf16 GEMMs (torch.mm of bf16 tensors: fp32 accumulation, bf16 results), where
-libosftrt keeps fp32 coefficients and updates in fp32.
+bf16 GEMMs (torch.mm of bf16 tensors: fp32 accumulation, bf16 results; addmm_
+adds into x inside the GEMM, x rounded once). libosftrt's default arithmetic
+for bf16 factors is the same (OSFT_PROJECTION_ARITHMETIC_AUTO: C rounded once
+to bf16, one GEMM into x); its EXACT arithmetic keeps C to 16 bits (two bf16
+halves, two update GEMMs).
 
 Times: W warm-up steps (default 1), then the median/min/max of R steps
 (default 5): CUDA events on CUDA, perf_counter on the CPU. CSV columns:

@@ -17,8 +17,14 @@
  * osft_projector_project_params() to the parameters U_low, V_low after the
  * optimizer step, so that an optimizer's per-element scaling (Adam) cannot
  * leak into the frozen subspace. S is never projected. Coefficients are
- * fp32 and every update is computed in fp32 (GEMMs accumulate in fp32, the
- * result is rounded once to the tensor's dtype), also for bf16 tensors.
+ * accumulated in fp32 (and all-reduced in fp32); the update's arithmetic
+ * follows the storage of what it updates (osft_projection_arithmetic_t):
+ * an fp32 gradient or factor gets the exact update (C to fp32 accuracy);
+ * a bf16 one, which keeps 8 mantissa bits when the update is stored, gets
+ * one bf16 GEMM against C rounded to bf16 where bf16 GEMMs are native (the
+ * orthogonality it reaches is that of the exact update within 2x, measured
+ * in bench/results/projection_orthogonality.md). Every GEMM accumulates in
+ * fp32 and the result is rounded once to the tensor's dtype.
  *
  * @par Sharding
  * Across P ranks (an osft_comm_t) each part of a target has a
@@ -53,6 +59,12 @@
  * targets) makes exactly one collective launch if any part is U_ROWS or
  * V_COLS, and none otherwise. Nothing is written to a gradient before that
  * collective has succeeded: on a communication error no gradient changes.
+ * Targets whose parts have the same shapes, dtypes and arithmetic share
+ * their GEMMs: each step of their update is one batched GEMM (one launch on
+ * CUDA; osft_projector_info_t counts them), in batches whose scratch stays
+ * under 64 MiB (half the context's workspace_limit, if set, and at least
+ * one part). On CUDA a call enqueues on the context's stream and never
+ * waits for the device, unless its communicator does (a finite timeout).
  *
  * @par One-time setup ("prepare")
  * The first call after a registration (or
@@ -136,6 +148,40 @@ typedef enum osft_shard_layout_e {
 } osft_shard_layout_t;
 
 /**
+ * @brief The arithmetic of the update x -= U_high C (U) or x -= C V_high
+ * (V), x being a gradient or a trainable factor (added in 1.2.0).
+ *
+ * C = U_high^T x (or x V_high^T) is always accumulated in fp32; these
+ * choose how C enters the update GEMM. Every choice accumulates the update
+ * in fp32 and rounds x once to its dtype. Values fixed forever (ABI.md).
+ *
+ * @code{.unparsed}
+ *   AUTO        the default: follows x's storage dtype. fp32 x: EXACT.
+ *               bf16 x with a bf16 U_high / V_high: BF16 where the backend
+ *               multiplies bf16 natively (CUDA tensor cores; the CPU with
+ *               oneMKL), else FP32 (the cheaper one there). A bf16 x stores
+ *               8 mantissa bits, so the 16 bits of the exact update buy no
+ *               orthogonality (bench/results/projection_orthogonality.md).
+ *   EXACT       C to about fp32 accuracy: with a bf16 U_high / V_high on a
+ *               native-bf16 backend, two bf16 GEMMs against C split into
+ *               bf16 halves (16 of C's 24 bits); otherwise FP32.
+ *   FP32        one fp32 GEMM against fp32 C (a bf16 U_high / V_high
+ *               widened to fp32 first); on CUDA it runs on TF32 tensor
+ *               cores when the context allows TF32 (osft_context_options_t
+ *               allow_tf32), else on the CUDA cores.
+ *   BF16        one bf16 GEMM against C rounded once to bf16 (mini_trainer's
+ *               arithmetic, with x rounded once instead of twice); needs a
+ *               bf16 U_high / V_high: parts with fp32 ones use FP32.
+ * @endcode
+ */
+typedef enum osft_projection_arithmetic_e {
+  OSFT_PROJECTION_ARITHMETIC_AUTO = 0,  /**< follows x's dtype (see above) */
+  OSFT_PROJECTION_ARITHMETIC_EXACT = 1, /**< C to fp32 accuracy */
+  OSFT_PROJECTION_ARITHMETIC_FP32 = 2,  /**< one fp32 (or TF32) GEMM */
+  OSFT_PROJECTION_ARITHMETIC_BF16 = 3   /**< one bf16 GEMM, C rounded to bf16 */
+} osft_projection_arithmetic_t;
+
+/**
  * @brief Options for osft_projector_create().
  *
  * Initialize with
@@ -146,6 +192,12 @@ typedef struct osft_projector_options_s {
   /** 1: the setup collectives check that every rank registered the same
    * targets (one small all-gather per setup). 0: skip the check. Default 1. */
   int check_consistency;
+  /** The update's arithmetic for every target. Default
+   * OSFT_PROJECTION_ARITHMETIC_AUTO (0): follows each gradient's or
+   * factor's dtype. Any other value than the enumerators:
+   * OSFT_STATUS_INVALID_ARGUMENT from osft_projector_create(). Added in
+   * 1.2.0. */
+  osft_projection_arithmetic_t arithmetic;
 } osft_projector_options_t;
 
 /**
@@ -176,7 +228,8 @@ OSFT_API osft_status_t osft_projector_options_init(osft_projector_options_t *opt
  * @retval OSFT_STATUS_SUCCESS  The projector was created.
  * @retval OSFT_STATUS_INVALID_HANDLE  (ctx, comm)
  * @retval OSFT_STATUS_INVALID_ARGUMENT  (projector NULL; comm of another
- *   context)
+ *   context; opts->check_consistency not 0 or 1; opts->arithmetic not an
+ *   osft_projection_arithmetic_t)
  * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  opts->struct_size.
  * @retval OSFT_STATUS_OUT_OF_MEMORY  The host allocator failed.
  */
@@ -475,6 +528,16 @@ typedef struct osft_projector_info_s {
   uint64_t coefficient_bytes;      /**< persistent coefficient buffer */
   uint64_t gathered_bytes;         /**< cached V_high of V_ROWS targets */
   int setup_pending;               /**< 1 if the next call runs the setup */
+  /* Added in 1.2.0: what the last osft_projector_project() or
+   * osft_projector_project_params() call did (0 before the first). GEMMs
+   * of targets with the same shapes and dtypes are issued together as one
+   * batched call (one launch on CUDA), so gemm_calls <= gemms. */
+  int64_t last_gemms;             /**< GEMMs computed by the last call */
+  int64_t last_gemm_calls;        /**< backend GEMM calls (batched ones count 1) */
+  int64_t last_elementwise_calls; /**< conversions, splits and adds */
+  int64_t last_collectives;       /**< collectives it launched (setup too) */
+  int64_t last_host_waits;        /**< times it waited for the device: 0 on the
+                                     steady path (a CUDA call only enqueues) */
 } osft_projector_info_t;
 
 /**

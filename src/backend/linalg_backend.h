@@ -71,6 +71,14 @@ struct Backend {
   void (*pack_b)(Context &ctx, Op op_b, const Mat &b, int64_t m, void *dst);
   void (*gemm_packed_b)(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b,
                         const void *packed, float alpha, float beta, const Mat &c);
+
+  /* count independent GEMMs c[i] = alpha op(a[i]) op(b[i]) + beta c[i] of
+   * one shape: every a[i] has a[0]'s rows, cols, ld and dtype, likewise b
+   * and c; no c[i] overlaps another operand. One launch where the backend
+   * batches (CUDA: cublasGemmBatchedEx); nullptr: gemm per problem (use
+   * gemm_batch() below). */
+  void (*gemm_batched)(Context &ctx, Op op_a, Op op_b, int64_t count, const Mat *a,
+                       const Mat *b, float alpha, float beta, const Mat *c);
 };
 
 const Backend &cpu_backend() noexcept;
@@ -141,6 +149,16 @@ inline void gemm_with_packed(Context &ctx, const PackedB *packed, Op op_a, const
                              const Mat &c) {
   if (packed != nullptr) return packed->gemm(op_a, a, alpha, beta, c);
   backend(ctx).gemm(ctx, op_a, a, op_b, b, alpha, beta, c);
+}
+
+/* Backend::gemm_batched where the backend has it, else one gemm each. */
+inline void gemm_batch(Context &ctx, Op op_a, Op op_b, int64_t count, const Mat *a,
+                       const Mat *b, float alpha, float beta, const Mat *c) {
+  const Backend &be = backend(ctx);
+  if (be.gemm_batched != nullptr && count > 1)
+    return be.gemm_batched(ctx, op_a, op_b, count, a, b, alpha, beta, c);
+  for (int64_t i = 0; i < count; ++i)
+    be.gemm(ctx, op_a, a[i], op_b, b[i], alpha, beta, c[i]);
 }
 
 /* Splits fp32 c into two bf16 halves, hi = bf16(c) and lo = bf16(hi - c),

@@ -161,6 +161,11 @@ OSFT_API osft_status_t osft_projector_get_info(osft_projector_t projector,
     out.coefficient_bytes = p.coef_bytes;
     out.gathered_bytes = p.cache_bytes;
     out.setup_pending = p.setup_pending ? 1 : 0;
+    out.last_gemms = p.last.gemms;
+    out.last_gemm_calls = p.last.gemm_calls;
+    out.last_elementwise_calls = p.last.elementwise;
+    out.last_collectives = p.last.collectives;
+    out.last_host_waits = p.last.host_waits;
     osft::write_struct(info, info->struct_size, out);
     return OSFT_STATUS_SUCCESS;
   });

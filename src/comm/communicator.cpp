@@ -174,6 +174,12 @@ void comm_allreduce_sum(Comm &comm, void *buf, size_t count, osfti_dtype_t dtype
   });
 }
 
+bool comm_waits_on_host(const Comm &comm) noexcept {
+  if (!on_cuda(*comm.ctx) || comm.kind == OSFT_COMM_ENGINE_SELF) return false;
+  if (comm.kind == OSFT_COMM_ENGINE_NCCL) return !std::isinf(comm.timeout_seconds);
+  return true;
+}
+
 void comm_allgather(Comm &comm, const void *send, void *recv, const int64_t *counts,
                     osfti_dtype_t dtype) {
   run_collective(comm, "all-gather", [&](const Deadline &d) {

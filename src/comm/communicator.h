@@ -148,6 +148,10 @@ void comm_allreduce_sum(Comm &comm, void *buf, size_t count, osfti_dtype_t dtype
 void comm_allgather(Comm &comm, const void *send, void *recv, const int64_t *counts,
                     osfti_dtype_t dtype);
 void comm_barrier(Comm &comm);
+/* Whether a collective on `comm` makes the host wait for the device: a
+ * CUDA context whose engine is not NCCL (staged through the host), or NCCL
+ * with a finite timeout (polled to completion). Self and CPU: never. */
+bool comm_waits_on_host(const Comm &comm) noexcept;
 
 /* The public collectives: validate the DLTensors (naming the argument),
  * then run the collective. */

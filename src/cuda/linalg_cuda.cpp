@@ -115,15 +115,25 @@ int64_t blas_ld(const Mat &m) noexcept {
  * context's allow_tf32, CUBLAS_COMPUTE_32F_FAST_TF32 lets them run on TF32
  * tensor cores. Chosen per call, so the handle's state never matters. bf16
  * operands run on tensor cores with fp32 accumulation either way. */
-void gemm_ex(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, int64_t k,
-             float alpha, float beta, const Mat &c) {
+cublasComputeType_t compute_type(const Context &ctx, const Mat &a,
+                                 const Mat &b) noexcept {
+  return ctx.allow_tf32 && a.dtype == OSFTI_F32 && b.dtype == OSFTI_F32
+             ? CUBLAS_COMPUTE_32F_FAST_TF32
+             : CUBLAS_COMPUTE_32F;
+}
+
+/* The context's cuBLAS handle, with host pointers for alpha and beta. */
+cublasHandle_t gemm_handle(Context &ctx) {
   const auto handle = static_cast<cublasHandle_t>(blas_handle(ctx));
   check_blas(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST),
              "cublasSetPointerMode");
-  const cublasComputeType_t compute =
-      ctx.allow_tf32 && a.dtype == OSFTI_F32 && b.dtype == OSFTI_F32
-          ? CUBLAS_COMPUTE_32F_FAST_TF32
-          : CUBLAS_COMPUTE_32F;
+  return handle;
+}
+
+void gemm_ex(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, int64_t k,
+             float alpha, float beta, const Mat &c) {
+  const cublasHandle_t handle = gemm_handle(ctx);
+  const cublasComputeType_t compute = compute_type(ctx, a, b);
   check_blas(
       cublasGemmEx_64(handle, blas_op(op_b), blas_op(op_a), c.cols, c.rows, k, &alpha,
                       b.data, blas_type(b.dtype), blas_ld(b), a.data, blas_type(a.dtype),
@@ -169,6 +179,51 @@ void cuda_gemm(Context &ctx, Op op_a, const Mat &a, Op op_b, const Mat &b, float
   if (beta != 0.0f) copy(ctx, strided(c), strided(c32));
   gemm_ex(ctx, op_a, a, op_b, b, k, alpha, beta, c32);
   copy(ctx, strided(c32), strided(c));
+}
+
+/* Problems per cublasGemmBatchedEx call: their pointer arrays (3 x 8 bytes
+ * each) are written by a kernel into kernel scratch, then read by cuBLAS;
+ * a next chunk reuses the memory after the stream has run the last (the
+ * projection's batches hold at most 64: one chunk, one pointer launch). */
+constexpr int64_t kBatchChunk = 256;
+
+/* One launch per chunk of problems, the operands swapped as in gemm_ex.
+ * Where gemm_ex does not apply (fp32 operands into a bf16 C, k == 0) or
+ * the pointer arrays cannot be had, each problem goes through cuda_gemm. */
+void cuda_gemm_batched(Context &ctx, Op op_a, Op op_b, int64_t count, const Mat *a,
+                       const Mat *b, float alpha, float beta, const Mat *c) {
+  DeviceGuard guard(ctx.device_id);
+  const int64_t k = op_a == Op::N ? a[0].cols : a[0].rows;
+  const size_t bytes = 3 * kBatchChunk * sizeof(void *);
+  void *arrays = k > 0 && (a[0].dtype == OSFTI_BF16 || c[0].dtype == OSFTI_F32)
+                     ? kernel_scratch_if_available(ctx, bytes, "batched gemm pointers")
+                     : nullptr;
+  if (arrays == nullptr || c[0].rows == 0 || c[0].cols == 0) {
+    for (int64_t i = 0; i < count; ++i)
+      cuda_gemm(ctx, op_a, a[i], op_b, b[i], alpha, beta, c[i]);
+    return;
+  }
+  const cublasHandle_t handle = gemm_handle(ctx);
+  const auto dev = static_cast<const void **>(arrays);
+  for (int64_t first = 0; first < count; first += kBatchChunk) {
+    const int64_t n = std::min(kBatchChunk, count - first);
+    /* cuBLAS's A array (our B, see gemm_ex), its B (our A), then C: one
+     * block, written by as few launches as the kernel arguments allow. */
+    const void *host[3 * kBatchChunk];
+    for (int64_t i = 0; i < n; ++i) {
+      host[i] = b[first + i].data;
+      host[n + i] = a[first + i].data;
+      host[2 * n + i] = c[first + i].data;
+    }
+    cuda::launch_write_pointers(stream_of(ctx), host, 3 * n, dev);
+    check_blas(cublasGemmBatchedEx_64(
+                   handle, blas_op(op_b), blas_op(op_a), c[0].cols, c[0].rows, k, &alpha,
+                   dev, blas_type(b[0].dtype), blas_ld(b[0]), dev + n,
+                   blas_type(a[0].dtype), blas_ld(a[0]), &beta,
+                   const_cast<void *const *>(dev + 2 * n), blas_type(c[0].dtype),
+                   blas_ld(c[0]), n, compute_type(ctx, a[0], b[0]), CUBLAS_GEMM_DEFAULT),
+               "cublasGemmBatchedEx");
+  }
 }
 
 /* ------------------------------------------------------------ element-wise */
@@ -281,10 +336,19 @@ void cuda_svd(Context &ctx, const Mat &a, const Mat &u, const Vec &s, const Mat 
 }  // namespace
 
 const Backend &cuda_backend() {
-  static const Backend table = {
-      cuda_gemm,           cuda_scale_into, cuda_reduce,
-      cuda_broadcast_rows, cuda_svd,        cuda_fill_zero,
-      cuda_all_finite,     nullptr,         [](Context &) { return true; }};
+  static const Backend table = {cuda_gemm,
+                                cuda_scale_into,
+                                cuda_reduce,
+                                cuda_broadcast_rows,
+                                cuda_svd,
+                                cuda_fill_zero,
+                                cuda_all_finite,
+                                nullptr,
+                                [](Context &) { return true; },
+                                nullptr,
+                                nullptr,
+                                nullptr,
+                                cuda_gemm_batched};
   return table;
 }
 

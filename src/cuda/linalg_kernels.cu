@@ -355,6 +355,30 @@ void launch_flag_nonfinite(cudaStream_t stream, const Strided &a, int *flag) {
   check_launch("all_finite");
 }
 
+/* Pointers per launch: 2 KiB of kernel arguments, under the 4 KiB every
+ * architecture takes. */
+constexpr int kPointersPerLaunch = 256;
+
+struct PointerPack {
+  const void *p[kPointersPerLaunch];
+};
+
+__global__ void write_pointers_kernel(PointerPack pack, int n, const void **dst) {
+  const int i = static_cast<int>(threadIdx.x);
+  if (i < n) dst[i] = pack.p[i];
+}
+
+void launch_write_pointers(cudaStream_t stream, const void *const *src, int64_t n,
+                           const void **dst) {
+  for (int64_t first = 0; first < n; first += kPointersPerLaunch) {
+    const int count = static_cast<int>(std::min<int64_t>(kPointersPerLaunch, n - first));
+    PointerPack pack{};
+    for (int i = 0; i < count; ++i) pack.p[i] = src[first + i];
+    write_pointers_kernel<<<1, kPointersPerLaunch, 0, stream>>>(pack, count, dst + first);
+    check_launch("write_pointers");
+  }
+}
+
 int64_t reduce_scratch_floats(Axis axis, int64_t rows, int64_t cols) noexcept {
   if (axis != Axis::cols || cols == 0) return 0;
   const int64_t chunks = col_chunks(rows, cols);

@@ -66,6 +66,12 @@ void launch_reduce(cudaStream_t stream, Axis axis, const Mat &a, const Mat *b, f
 void launch_gemm_unstaged(cudaStream_t stream, const Strided &a, const Strided &b,
                           float alpha, float beta, const Strided &c);
 
+/* dst[i] = src[i] for i < n: an array of device pointers written by
+ * kernels whose arguments carry the values, so that it needs no host
+ * memory and is captured by value in a CUDA graph. dst in device memory. */
+void launch_write_pointers(cudaStream_t stream, const void *const *src, int64_t n,
+                           const void **dst);
+
 }  // namespace osft::cuda
 
 #endif

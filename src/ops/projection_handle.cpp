@@ -263,6 +263,7 @@ int64_t commit(Projector &p, Target t, const PartInput *u_in, const PartInput *v
     if (parts[i]->present && parts[i]->layout != OSFT_SHARD_REPLICATED) new_shards += P;
   p.targets.reserve(p.targets.size() + 1);
   p.shard_table.reserve(p.shard_table.size() + new_shards);
+  p.jobs.reserve(2 * p.targets.capacity()); /* a call's parts */
   for (int i = 0; i < 2; ++i) {
     Part &part = *parts[i];
     if (!part.present) continue;
@@ -472,6 +473,12 @@ osft_projector_options_t read_projector_options(const osft_projector_options_t *
   if (o.check_consistency != 0 && o.check_consistency != 1)
     raise(OSFT_STATUS_INVALID_ARGUMENT, "opts->check_consistency: %d; must be 0 or 1",
           o.check_consistency);
+  const int arithmetic = static_cast<int>(o.arithmetic);
+  if (arithmetic < OSFT_PROJECTION_ARITHMETIC_AUTO ||
+      arithmetic > OSFT_PROJECTION_ARITHMETIC_BF16)
+    raise(OSFT_STATUS_INVALID_ARGUMENT,
+          "opts->arithmetic: %d; must be an osft_projection_arithmetic_t (0 to 3)",
+          arithmetic);
   return o;
 }
 
@@ -483,6 +490,7 @@ Projector *create_projector(Context &ctx, Comm *comm, const osft_projector_optio
   Projector *p = ctx.allocator.make<Projector>("projector", ctx);
   p->comm = comm;
   p->check_consistency = o.check_consistency != 0;
+  p->arithmetic = o.arithmetic;
   register_child(p, HandleKind::projector,
                  [&](Projector *doomed) { ctx.allocator.destroy(doomed); });
   if (comm != nullptr) comm->users++;

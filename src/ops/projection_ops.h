@@ -77,16 +77,38 @@ struct Target {
 /* Which tensors a call projects. */
 enum class Operands { grads, params };
 
+/* How C enters a part's update (osft_projection_arithmetic_t resolved per
+ * part by projection_compute.cpp): fp32 GEMM, C's two bf16 halves, or C
+ * rounded to bf16. */
+enum class Arith { fp32, split, bf16 };
+
+/* One part as a call sees it: full (the high factor to project against:
+ * the gathered V_high for V_ROWS), x (what is projected), coef (reduced
+ * parts: their slice of the coefficient buffer; else NULL, in scratch). */
+struct ProjectionJob {
+  bool u = false;
+  Arith arith = Arith::fp32;
+  Mat full, x;
+  float *coef = nullptr;
+};
+
+/* What the last project call did (osft_projector_info_t's last_*). */
+struct ProjectionCounts {
+  int64_t gemms = 0, gemm_calls = 0, elementwise = 0, collectives = 0, host_waits = 0;
+};
+
 }  // namespace osft
 
 struct osft_projector_s {
   explicit osft_projector_s(osft::Context &c)
       : ctx(&c),
         targets(osft::ContextAllocator<osft::Target>(&c)),
-        shard_table(osft::ContextAllocator<int64_t>(&c)) {}
+        shard_table(osft::ContextAllocator<int64_t>(&c)),
+        jobs(osft::ContextAllocator<osft::ProjectionJob>(&c)) {}
   osft::Context *ctx;
   osft::Comm *comm = nullptr; /* NULL: one rank */
   bool check_consistency = true;
+  int arithmetic = OSFT_PROJECTION_ARITHMETIC_AUTO; /* as in the options */
   osft::ContextVector<osft::Target> targets;
   osft::ContextVector<int64_t> shard_table; /* every sharded part's P entries */
   int64_t reduced = 0;                      /* floats all-reduced per project call */
@@ -96,6 +118,10 @@ struct osft_projector_s {
   size_t cache_bytes = 0;
   bool setup_pending = true;
   bool counted = false;
+  /* A call's parts, in batching order: kept between calls so that a
+   * steady state allocates nothing. */
+  osft::ContextVector<osft::ProjectionJob> jobs;
+  osft::ProjectionCounts last;
 };
 
 namespace osft {

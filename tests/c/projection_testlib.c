@@ -81,6 +81,49 @@ osft_projector_t new_projector(osft_context_t ctx, osft_comm_t comm) {
   return p;
 }
 
+adam_run adam_start(const problem *P, const char *seed) {
+  adam_run a;
+  a.sizes[0] = P->n * P->l;
+  a.sizes[1] = P->l * P->k;
+  for (int i = 0; i < 2; ++i)
+    a.m[i] = ref_alloc(a.sizes[i]), a.v[i] = ref_alloc(a.sizes[i]);
+  a.g = ref_seed(seed);
+  a.step = 0;
+  return a;
+}
+
+void adam_free(adam_run *a) {
+  for (int i = 0; i < 2; ++i) free(a->m[i]), free(a->v[i]);
+}
+
+double adam_step(adam_run *a, osft_projector_t proj, target_tensors *T, double lr) {
+  const double b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  tt *params[2] = {T->ul, T->vl}, *grads[2] = {T->gu, T->gv};
+  const int step = ++a->step;
+  for (int i = 0; i < 2; ++i) {
+    double *gr = ref_random(&a->g, a->sizes[i], -1, 1);
+    tt_set(grads[i], gr);
+    free(gr);
+  }
+  assert_ok(osft_projector_project(proj));
+  for (int i = 0; i < 2; ++i) {
+    double *gr = tt_get(grads[i]), *x = tt_get(params[i]);
+    double *m = a->m[i], *v = a->v[i];
+    for (int64_t e = 0; e < a->sizes[i]; ++e) {
+      m[e] = b1 * m[e] + (1 - b1) * gr[e];
+      v[e] = b2 * v[e] + (1 - b2) * gr[e] * gr[e];
+      const double mh = m[e] / (1 - pow(b1, step)), vh = v[e] / (1 - pow(b2, step));
+      x[e] -= lr * mh / (sqrt(vh) + eps);
+    }
+    tt_set(params[i], x);
+    free(gr), free(x);
+  }
+  assert_ok(osft_projector_project_params(proj));
+  double mu, mv;
+  assert_ok(osft_projector_orthogonality(proj, &mu, &mv));
+  return fmax(mu, mv);
+}
+
 osft_status_t sum_one_rank(void *user, DLTensor *buf) {
   (void)buf;
   counter *c = user;

@@ -45,6 +45,25 @@ void expect_close(const char *what, const tt *t, const double *ref, double tol);
 
 osft_projector_t new_projector(osft_context_t ctx, osft_comm_t comm);
 
+/* Adam (betas 0.9, 0.999, eps 1e-8) on a replicated target's trainable
+ * factors with projection: float64 moments, the factors rounded to their
+ * dtype when stored. */
+typedef struct {
+  double *m[2], *v[2];
+  int64_t sizes[2]; /* n l (U_low), l k (V_low) */
+  ref_rng g;        /* the gradients' stream */
+  int step;
+} adam_run;
+
+adam_run adam_start(const problem *P, const char *seed);
+void adam_free(adam_run *a);
+
+/* One step: fresh gradients in [-1, 1) into T's grad_u_low / grad_v_low,
+ * osft_projector_project, Adam with learning rate lr on u_low / v_low,
+ * osft_projector_project_params; returns max(max_u, max_v) of the
+ * orthogonality query after it. */
+double adam_step(adam_run *a, osft_projector_t proj, target_tensors *T, double lr);
+
 /* With one rank, the sharded layouts hold the whole matrices (shards {N},
  * {r}, {K}): the same projection, through the self communicator, a
  * size-1 callbacks communicator, or no communicator. */

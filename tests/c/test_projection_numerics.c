@@ -126,39 +126,12 @@ static void test_adam_200_steps(void **state) {
   osft_projector_t proj = new_projector(CTX, NULL);
   osft_projection_target_t t = replicated_target(&T, 1, 1, 1);
   assert_ok(osft_projector_add_target(proj, &t, NULL));
-  tt *params[2] = {T.ul, T.vl}, *grads[2] = {T.gu, T.gv};
-  const int64_t sizes[2] = {P.n * P.l, P.l * P.k};
-  double *m[2], *v[2];
-  for (int i = 0; i < 2; ++i) m[i] = ref_alloc(sizes[i]), v[i] = ref_alloc(sizes[i]);
-  ref_rng g = ref_seed("adam steps");
-  const double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-8;
+  adam_run run = adam_start(&P, "adam steps");
   double worst = 0;
-  for (int step = 1; step <= 200; ++step) {
-    for (int i = 0; i < 2; ++i) {
-      double *gr = ref_random(&g, sizes[i], -1, 1);
-      tt_set(grads[i], gr);
-      free(gr);
-    }
-    assert_ok(osft_projector_project(proj));
-    for (int i = 0; i < 2; ++i) {
-      double *gr = tt_get(grads[i]), *x = tt_get(params[i]);
-      for (int64_t e = 0; e < sizes[i]; ++e) {
-        m[i][e] = b1 * m[i][e] + (1 - b1) * gr[e];
-        v[i][e] = b2 * v[i][e] + (1 - b2) * gr[e] * gr[e];
-        const double mh = m[i][e] / (1 - pow(b1, step)),
-                     vh = v[i][e] / (1 - pow(b2, step));
-        x[e] -= lr * mh / (sqrt(vh) + eps);
-      }
-      tt_set(params[i], x);
-      free(gr), free(x);
-    }
-    assert_ok(osft_projector_project_params(proj));
-    double mu, mv;
-    assert_ok(osft_projector_orthogonality(proj, &mu, &mv));
-    worst = fmax(worst, fmax(mu, mv));
-  }
+  for (int step = 1; step <= 200; ++step)
+    worst = fmax(worst, adam_step(&run, proj, &T, 1e-2));
   if (!(worst <= 1e-5)) fail_msg("orthogonality residual reached %g", worst);
-  for (int i = 0; i < 2; ++i) free(m[i]), free(v[i]);
+  adam_free(&run);
   assert_ok(osft_projector_destroy(proj));
   free_tensors(&T);
   ref_problem_free(&P);

@@ -81,13 +81,18 @@ static inline double *ref_block(const double *a, int64_t cols, int64_t r0, int64
   return out;
 }
 
-/* x (n x l) -= uh (n x r) (uh^T x). */
-static inline void ref_project_u(const double *uh, int64_t n, int64_t r, double *x,
-                                 int64_t l) {
+/* x (n x l) -= uh (n x r) C with C = uh^T x, each element of C passed
+ * through round_c first (NULL: kept; e.g. rounded to bf16, as an update
+ * arithmetic that rounds C does). */
+static inline void ref_project_u_rounded(const double *uh, int64_t n, int64_t r,
+                                         double *x, int64_t l,
+                                         double (*round_c)(double)) {
   double *c = ref_alloc(r * l);
   for (int64_t a = 0; a < r; ++a)
-    for (int64_t b = 0; b < l; ++b)
+    for (int64_t b = 0; b < l; ++b) {
       for (int64_t i = 0; i < n; ++i) c[a * l + b] += uh[i * r + a] * x[i * l + b];
+      if (round_c) c[a * l + b] = round_c(c[a * l + b]);
+    }
   for (int64_t i = 0; i < n; ++i)
     for (int64_t b = 0; b < l; ++b) {
       double s = 0;
@@ -97,13 +102,22 @@ static inline void ref_project_u(const double *uh, int64_t n, int64_t r, double 
   free(c);
 }
 
-/* x (l x k) -= (x vh^T) vh, vh r x k. */
-static inline void ref_project_v(const double *vh, int64_t r, int64_t k, double *x,
+/* x (n x l) -= uh (n x r) (uh^T x). */
+static inline void ref_project_u(const double *uh, int64_t n, int64_t r, double *x,
                                  int64_t l) {
+  ref_project_u_rounded(uh, n, r, x, l, NULL);
+}
+
+/* x (l x k) -= C vh with C = x vh^T (vh r x k), rounded by round_c. */
+static inline void ref_project_v_rounded(const double *vh, int64_t r, int64_t k,
+                                         double *x, int64_t l,
+                                         double (*round_c)(double)) {
   double *c = ref_alloc(l * r);
   for (int64_t b = 0; b < l; ++b)
-    for (int64_t a = 0; a < r; ++a)
+    for (int64_t a = 0; a < r; ++a) {
       for (int64_t j = 0; j < k; ++j) c[b * r + a] += x[b * k + j] * vh[a * k + j];
+      if (round_c) c[b * r + a] = round_c(c[b * r + a]);
+    }
   for (int64_t b = 0; b < l; ++b)
     for (int64_t j = 0; j < k; ++j) {
       double s = 0;
@@ -111,6 +125,12 @@ static inline void ref_project_v(const double *vh, int64_t r, int64_t k, double 
       x[b * k + j] -= s;
     }
   free(c);
+}
+
+/* x (l x k) -= (x vh^T) vh, vh r x k. */
+static inline void ref_project_v(const double *vh, int64_t r, int64_t k, double *x,
+                                 int64_t l) {
+  ref_project_v_rounded(vh, r, k, x, l, NULL);
 }
 
 /* max |uh^T x| (uh n x r, x n x l). */

@@ -193,16 +193,18 @@ class ShardedOSFTProjector(_ProjectionHooks):
     torch.distributed is initialized). comm: an :class:`osftrt.Communicator`
     to use instead (e.g. one over the library's own NCCL engine; its ranks
     must be the mesh's; the caller closes it). ``stats()`` counts the
-    collectives.
+    collectives. arithmetic: as for :class:`OSFTProjector` ("auto": follows
+    the dtype of each factor, so FSDP2's fp32 parameters get the exact update).
     """
 
-    def __init__(self, model, *, group=None, comm=None, context=None, check_consistency=True):
+    def __init__(self, model, *, group=None, comm=None, context=None, check_consistency=True, arithmetic="auto"):
         self._mods = [m for m in model.modules() if isinstance(m, OSFTLinear)]
         if not self._mods:
             raise ValueError("the model has no OSFTLinear layer")
         self._group_arg = group
         self._context = context
         self._check = check_consistency
+        self._arithmetic = arithmetic
         self._proj = None
         self._comm = comm
         self._own_comm = comm is None
@@ -250,7 +252,8 @@ class ShardedOSFTProjector(_ProjectionHooks):
                 self._comm = Communicator.torch_distributed(ctx, group)
         world = self._comm.size if self._comm is not None else 1
         rank = self._comm.rank if self._comm is not None else 0
-        proj = OSFTProjector(comm=self._comm, context=self._context, check_consistency=self._check)
+        proj = OSFTProjector(comm=self._comm, context=self._context, check_consistency=self._check,
+                             arithmetic=self._arithmetic)
         self._targets = []
         self.layouts = {}
         for m, u, v in plan:

@@ -25,6 +25,21 @@ _LAYOUTS = {
 }
 
 
+#: osft_projection_arithmetic_t by name (include/osftrt/projection.h)
+ARITHMETICS = {
+    "auto": capi.OSFT_PROJECTION_ARITHMETIC_AUTO,
+    "exact": capi.OSFT_PROJECTION_ARITHMETIC_EXACT,
+    "fp32": capi.OSFT_PROJECTION_ARITHMETIC_FP32,
+    "bf16": capi.OSFT_PROJECTION_ARITHMETIC_BF16,
+}
+
+
+def _arithmetic(name):
+    if name not in ARITHMETICS:
+        raise ValueError(f"arithmetic: {name!r}; one of {', '.join(ARITHMETICS)}")
+    return ARITHMETICS[name]
+
+
 def _layout(kind, layout):
     """"rows" means U's rows for U and V_high's rows for V."""
     if layout == "rows":
@@ -106,9 +121,13 @@ class OSFTProjector(_ProjectionHooks):
     comm: None (one rank), "torch" (torch.distributed, default group), a
     torch.distributed group, or an :class:`osftrt.Communicator`. Sharded
     factors (FSDP-style) are registered with :meth:`add_target`.
+    arithmetic: how the coefficients enter each update ("auto", the
+    default: follows each tensor's dtype, one bf16 GEMM for bf16 factors on a
+    GPU and the exact update for fp32 ones; "exact", "fp32", "bf16"; see
+    osft_projection_arithmetic_t in include/osftrt/projection.h).
     """
 
-    def __init__(self, model=None, *, comm=None, context=None, check_consistency=True):
+    def __init__(self, model=None, *, comm=None, context=None, check_consistency=True, arithmetic="auto"):
         self._context = context
         self._modules = []
         self._targets = []  # (index, module or None)
@@ -117,6 +136,7 @@ class OSFTProjector(_ProjectionHooks):
         self._handle = None
         self._comm_arg = comm
         self._check = check_consistency
+        self._arithmetic = _arithmetic(arithmetic)
         self._hooks = []
         self.projections = {"gradients": 0, "parameters": 0}
         if model is not None:
@@ -138,6 +158,7 @@ class OSFTProjector(_ProjectionHooks):
                 self._comm = Communicator.torch_distributed(self._context, group=c)
             o = capi.osft_projector_options_t()
             o.check_consistency = 1 if self._check else 0
+            o.arithmetic = self._arithmetic
             self._handle = capi.osft_projector_create(self._context.handle, self._comm.handle if self._comm else None, o)
         return self._handle
 
@@ -235,7 +256,9 @@ class OSFTProjector(_ProjectionHooks):
         capi.osft_projector_get_info(self._handle, i)
         return {
             k: getattr(i, k)
-            for k in ("targets", "reduced_elements", "collectives_per_project", "coefficient_bytes", "gathered_bytes", "setup_pending")
+            for k in ("targets", "reduced_elements", "collectives_per_project", "coefficient_bytes", "gathered_bytes", "setup_pending",
+                      # what the last project()/project_params() did (library 1.2)
+                      "last_gemms", "last_gemm_calls", "last_elementwise_calls", "last_collectives", "last_host_waits")
         }
 
     # --- hooks: no extra calls in the user's loop -------------------------------
