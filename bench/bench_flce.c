@@ -17,10 +17,18 @@
  * its memory, to compare speed at equal memory), and at Liger-Kernel's
  * memory ("mem": memory_budget = MEM MiB, default 64, of scratch beyond the
  * gradients; the fp32 accumulator where it fits, else
- * OSFT_FLCE_ACCUMULATOR_OUTPUT).
+ * OSFT_FLCE_ACCUMULATOR_OUTPUT; the planner's choice between token chunks
+ * and vocabulary slices, printed with its tiles), and the same budget with
+ * token chunks forced ("mem-tok": the plan before the vocabulary plan).
  *
  *   bench_flce [--device cpu|cuda] [--scale S] [--reps R] [--budget-div D]
- *              [--mem-mib MEM] [--counts] [--dtype fp32|bf16] [--csv FILE]
+ *              [--mem-mib MEM] [--counts] [--dtype fp32|bf16] [--cpu-time]
+ *              [--csv FILE]
+ *
+ * --cpu-time (CPU only) times in the process's CPU time instead of wall
+ * time: on a machine shared with other jobs, with one BLAS thread
+ * (OPENBLAS_NUM_THREADS=1 / MKL_NUM_THREADS=1), that is the work each
+ * variant does, which other jobs do not stretch.
  *
  * --dtype bf16 on the CPU gives the op bf16 x, W, grad_x and grad_W (the
  * floor and the materialized baseline stay fp32 OpenBLAS): the path whose
@@ -222,6 +230,7 @@ typedef struct {
   osft_flce_t flce;
   osft_flce_accumulator_t accumulator;
   int held; /* the plan holds every chunk's gradient for one grad_W GEMM */
+  osft_flce_chunking_t chunking; /* asked for (the plan says what it took) */
   osft_flce_inputs_t in;
   osft_flce_outputs_t out;
   DLTensor x, w, y, loss, dx, dw;
@@ -266,7 +275,8 @@ static void flce_catch(int on) {
  * from the budget); returns the status of planning the call. */
 static osft_status_t try_setup_fused(fused_setup *f, problem *p, size_t budget,
                                      int64_t chunk_rows,
-                                     osft_flce_accumulator_t accumulator) {
+                                     osft_flce_accumulator_t accumulator,
+                                     osft_flce_chunking_t chunking) {
   osft_context_options_t co;
   CHECK(OSFT_CONTEXT_OPTIONS_INIT(&co));
   co.device_type = p->cuda ? OSFT_DEVICE_CUDA : OSFT_DEVICE_CPU;
@@ -276,6 +286,7 @@ static osft_status_t try_setup_fused(fused_setup *f, problem *p, size_t budget,
   o.memory_budget = budget;
   o.chunk_rows = chunk_rows;
   o.accumulator = accumulator;
+  o.chunking = chunking;
   CHECK(osft_flce_create(f->ctx, &o, &f->flce));
   f->xs[0] = f->ys[0] = p->m;
   f->xs[1] = f->ws[1] = p->h;
@@ -312,15 +323,29 @@ static osft_status_t try_setup_fused(fused_setup *f, problem *p, size_t budget,
 
 static void setup_fused(fused_setup *f, problem *p, size_t budget, int64_t chunk_rows,
                         osft_flce_accumulator_t accumulator) {
-  CHECK(try_setup_fused(f, p, budget, chunk_rows, accumulator));
+  CHECK(try_setup_fused(f, p, budget, chunk_rows, accumulator, OSFT_FLCE_CHUNKING_AUTO));
 }
 
 /* Liger-Kernel's memory: `bytes` of scratch; the exact fp32 accumulator
  * where a plan fits, else grad_W summed in its own dtype. */
-static void setup_mem(fused_setup *f, problem *p, size_t bytes) {
-  if (try_setup_fused(f, p, bytes, 0, OSFT_FLCE_ACCUMULATOR_FP32) == OSFT_STATUS_SUCCESS)
+static void setup_mem(fused_setup *f, problem *p, size_t bytes,
+                      osft_flce_chunking_t chunking) {
+  if (try_setup_fused(f, p, bytes, 0, OSFT_FLCE_ACCUMULATOR_FP32, chunking) ==
+      OSFT_STATUS_SUCCESS)
     return;
-  setup_fused(f, p, bytes, 0, OSFT_FLCE_ACCUMULATOR_OUTPUT);
+  CHECK(try_setup_fused(f, p, bytes, 0, OSFT_FLCE_ACCUMULATOR_OUTPUT, chunking));
+}
+
+/* The plan's tiles: "C x R" token chunks, or "C x R rows x S x W classes". */
+static const char *plan_tiles(const fused_setup *f, char *buf, size_t size) {
+  if (f->plan.chunking == OSFT_FLCE_CHUNKING_VOCAB)
+    snprintf(buf, size, "%lld x %lld rows x %lld x %lld classes (vocab)",
+             (long long)f->plan.chunks, (long long)f->plan.chunk_rows,
+             (long long)f->plan.slices, (long long)f->plan.slice_cols);
+  else
+    snprintf(buf, size, "%lld x %lld rows (tokens)", (long long)f->plan.chunks,
+             (long long)f->plan.chunk_rows);
+  return buf;
 }
 
 static void fused(fused_setup *f) {
@@ -370,11 +395,11 @@ static size_t tight_budget(problem *p, int div) {
 
 /* -------------------------------------------------------------- timing */
 
-enum { GEMMS, MATERIALIZED, FUSED, TIGHT, OUT_ACC, LIGER, MEM, VARIANTS };
+enum { GEMMS, MATERIALIZED, FUSED, TIGHT, OUT_ACC, LIGER, MEM, MEM_TOK, VARIANTS };
 
 typedef struct {
   problem *p;
-  fused_setup *one_chunk, *def, *tight, *out_acc, *liger, *mem;
+  fused_setup *one_chunk, *def, *tight, *out_acc, *liger, *mem, *mem_tok;
 } bench_case;
 
 /* Liger-Kernel's chunk rows for M tokens: next_pow2(ceil(M / ceil(V / H))). */
@@ -399,7 +424,8 @@ static void run_variant(bench_case *b, int variant) {
     case TIGHT: fused(b->tight); break;
     case OUT_ACC: fused(b->out_acc); break;
     case LIGER: fused(b->liger); break;
-    default: fused(b->mem); break;
+    case MEM: fused(b->mem); break;
+    default: fused(b->mem_tok); break;
   }
 }
 
@@ -413,6 +439,17 @@ static double median(double *t, int n) {
   return t[n / 2];
 }
 
+/* The clock of the timings: wall time, or with --cpu-time the process's
+ * CPU time. */
+static int g_cpu_time;
+
+static double clock_ms(void) {
+  if (!g_cpu_time) return now_ms();
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
 /* Every variant round-robin, so that a drifting machine affects all alike;
  * medians of `reps` runs after one warm-up each. */
 static void time_all(bench_case *b, int reps, double *out) {
@@ -420,9 +457,9 @@ static void time_all(bench_case *b, int reps, double *out) {
   for (int v = 0; v < VARIANTS; ++v) run_variant(b, v);
   for (int r = 0; r < reps; ++r)
     for (int v = 0; v < VARIANTS; ++v) {
-      const double t0 = now_ms();
+      const double t0 = clock_ms();
       run_variant(b, v);
-      t[v][r] = now_ms() - t0;
+      t[v][r] = clock_ms() - t0;
     }
   for (int v = 0; v < VARIANTS; ++v) out[v] = median(t[v], reps);
 }
@@ -433,20 +470,21 @@ static void bench_shape(problem *p, int reps, int budget_div, size_t mem_bytes,
   const int cuda = p->cuda;
   const double mxv_mib = (double)p->m * p->v * sizeof(float) / (1 << 20);
   const size_t tight = tight_budget(p, budget_div);
-  fused_setup one, def, tgt, out, lig, mem;
+  fused_setup one, def, tgt, out, lig, mem, mtok;
   if (cuda) setup_fused(&one, p, SIZE_MAX / 2, p->m, OSFT_FLCE_ACCUMULATOR_FP32);
   setup_fused(&def, p, 0, 0, OSFT_FLCE_ACCUMULATOR_FP32);
   setup_fused(&tgt, p, tight, 0, OSFT_FLCE_ACCUMULATOR_FP32);
   setup_fused(&out, p, 0, 0, OSFT_FLCE_ACCUMULATOR_OUTPUT);
   setup_fused(&lig, p, SIZE_MAX / 2, liger_chunk_rows(p), OSFT_FLCE_ACCUMULATOR_OUTPUT);
-  setup_mem(&mem, p, mem_bytes);
-  bench_case b = {p, cuda ? &one : NULL, &def, &tgt, &out, &lig, &mem};
+  setup_mem(&mem, p, mem_bytes, OSFT_FLCE_CHUNKING_AUTO);
+  setup_mem(&mtok, p, mem_bytes, OSFT_FLCE_CHUNKING_TOKENS);
+  bench_case b = {p, cuda ? &one : NULL, &def, &tgt, &out, &lig, &mem, &mtok};
   double t[VARIANTS];
   time_all(&b, reps, t);
   if (counts) {
-    fused_setup *const all[5] = {&def, &tgt, &out, &lig, &mem};
-    const char *names[5] = {"default", "tight", "acc.out", "liger", "mem"};
-    for (int i = 0; i < 5; ++i) print_counts(all[i], p, names[i]);
+    fused_setup *const all[6] = {&def, &tgt, &out, &lig, &mem, &mtok};
+    const char *names[6] = {"default", "tight", "acc.out", "liger", "mem", "mem-tok"};
+    for (int i = 0; i < 6; ++i) print_counts(all[i], p, names[i]);
   }
   run_variant(&b, MATERIALIZED);
   const float loss_mat = loss_of(p);
@@ -456,7 +494,7 @@ static void bench_shape(problem *p, int reps, int budget_div, size_t mem_bytes,
     fprintf(stderr, "warning: loss %g (flce) vs %g (materialized)\n", loss, loss_mat);
   const double def_mib = peak_mib(&def, cuda), tgt_mib = peak_mib(&tgt, cuda);
   const double out_mib = peak_mib(&out, cuda), lig_mib = peak_mib(&lig, cuda);
-  const double mem_mib = peak_mib(&mem, cuda);
+  const double mem_mib = peak_mib(&mem, cuda), mtok_mib = peak_mib(&mtok, cuda);
   printf(
       "%5d %5d %6d | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f | %6.3f %6.3f %6.3f %6.3f %6.2f "
       "| %8.1f %8.1f %8.1f %8.1f %8.1f | %lld x %lld; %lld x %lld; %lld x %lld\n",
@@ -466,19 +504,21 @@ static void bench_shape(problem *p, int reps, int budget_div, size_t mem_bytes,
       lig_mib, (long long)def.plan.chunks, (long long)def.plan.chunk_rows,
       (long long)tgt.plan.chunks, (long long)tgt.plan.chunk_rows,
       (long long)lig.plan.chunks, (long long)lig.plan.chunk_rows);
+  char tiles[2][96];
   printf(
-      "%18s mem (%.0f MiB, %s acc.): %.1f ms, %.3f x gemms, peak %.1f MiB, %lld x "
-      "%lld%s\n",
+      "%18s mem (%.0f MiB, %s acc.): %.1f ms, %.3f x gemms, peak %.1f MiB, %s%s\n"
+      "%18s mem-tok (token chunks forced): %.1f ms, %.3f x gemms, peak %.1f MiB, %s\n",
       "", (double)mem_bytes / (1 << 20),
       mem.accumulator == OSFT_FLCE_ACCUMULATOR_FP32 ? "fp32" : "output", t[MEM],
-      t[MEM] / t[GEMMS], mem_mib, (long long)mem.plan.chunks,
-      (long long)mem.plan.chunk_rows, def.held ? "; default plan holds g" : "");
+      t[MEM] / t[GEMMS], mem_mib, plan_tiles(&mem, tiles[0], sizeof tiles[0]),
+      def.held ? "; default plan holds g" : "", "", t[MEM_TOK], t[MEM_TOK] / t[GEMMS],
+      mtok_mib, plan_tiles(&mtok, tiles[1], sizeof tiles[1]));
   fflush(stdout);
   if (csv)
     fprintf(csv,
             "%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f,%.2f,%.2f,%.2f,%.2f,%lld,"
             "%lld,%lld,%lld,%.3f,%.4f,%.2f,%.3f,%.4f,%.2f,%lld,%.3f,%.4f,%.2f,%.2f,%lld,"
-            "%lld,%s,%d\n",
+            "%lld,%s,%d,%s,%lld,%lld,%.3f,%.4f,%.2f,%lld,%lld\n",
             cuda ? "cuda" : "cpu", p->m, p->h, p->v, t[GEMMS], t[MATERIALIZED], t[FUSED],
             t[TIGHT], t[FUSED] / t[GEMMS], t[TIGHT] / t[GEMMS],
             t[MATERIALIZED] / t[FUSED], mxv_mib, def_mib, tgt_mib,
@@ -488,7 +528,11 @@ static void bench_shape(problem *p, int reps, int budget_div, size_t mem_bytes,
             t[LIGER], t[LIGER] / t[GEMMS], lig_mib, (long long)lig.plan.chunk_rows,
             t[MEM], t[MEM] / t[GEMMS], mem_mib, (double)mem_bytes / (1 << 20),
             (long long)mem.plan.chunks, (long long)mem.plan.chunk_rows,
-            mem.accumulator == OSFT_FLCE_ACCUMULATOR_FP32 ? "fp32" : "output", def.held);
+            mem.accumulator == OSFT_FLCE_ACCUMULATOR_FP32 ? "fp32" : "output", def.held,
+            mem.plan.chunking == OSFT_FLCE_CHUNKING_VOCAB ? "vocab" : "tokens",
+            (long long)mem.plan.slices, (long long)mem.plan.slice_cols, t[MEM_TOK],
+            t[MEM_TOK] / t[GEMMS], mtok_mib, (long long)mtok.plan.chunks,
+            (long long)mtok.plan.chunk_rows);
   if (csv) fflush(csv); /* a line cut short by a timeout keeps the rows so far */
   if (cuda) teardown_fused(&one);
   teardown_fused(&def);
@@ -496,6 +540,7 @@ static void bench_shape(problem *p, int reps, int budget_div, size_t mem_bytes,
   teardown_fused(&out);
   teardown_fused(&lig);
   teardown_fused(&mem);
+  teardown_fused(&mtok);
 }
 
 int main(int argc, char **argv) {
@@ -515,15 +560,18 @@ int main(int argc, char **argv) {
       mem_mib = atof(argv[++i]);
     else if (!strcmp(argv[i], "--counts"))
       counts = 1;
+    else if (!strcmp(argv[i], "--cpu-time"))
+      g_cpu_time = 1;
     else if (!strcmp(argv[i], "--dtype") && i + 1 < argc)
       bf16 = !strcmp(argv[++i], "bf16");
     else if (!strcmp(argv[i], "--device") && i + 1 < argc)
       cuda = !strcmp(argv[++i], "cuda");
     else {
-      fprintf(stderr,
-              "usage: %s [--device cpu|cuda] [--scale S] [--reps R] [--budget-div D] "
-              "[--mem-mib MEM] [--counts] [--dtype fp32|bf16] [--csv FILE]\n",
-              argv[0]);
+      fprintf(
+          stderr,
+          "usage: %s [--device cpu|cuda] [--scale S] [--reps R] [--budget-div D] "
+          "[--mem-mib MEM] [--counts] [--dtype fp32|bf16] [--cpu-time] [--csv FILE]\n",
+          argv[0]);
       return 2;
     }
   }
@@ -533,6 +581,7 @@ int main(int argc, char **argv) {
     return 2;
   }
 #endif
+  if (cuda) g_cpu_time = 0; /* the GPU's work is not the process's CPU time */
   if (scale < 1) scale = cuda ? 1 : 8;
   if (reps < 1 || reps > 31) reps = 5;
   if (budget_div < 1) budget_div = 4;
@@ -547,16 +596,17 @@ int main(int argc, char **argv) {
         "tight_chunk_rows,outacc_ms,outacc_over_gemms,outacc_peak_mib,liger_ms,"
         "liger_over_gemms,liger_peak_mib,liger_chunk_rows,mem_ms,mem_over_gemms,"
         "mem_peak_mib,mem_budget_mib,mem_chunks,mem_chunk_rows,mem_accumulator,"
-        "flce_held\n");
+        "flce_held,mem_chunking,mem_slices,mem_slice_cols,memtok_ms,memtok_over_gemms,"
+        "memtok_peak_mib,memtok_chunks,memtok_chunk_rows\n");
   printf(
-      "# %s\n# %s, shapes / %d, median of %d; tight budget = fixed + M x V x 4 / %d; "
+      "# %s\n# %s, shapes / %d, median of %d%s; tight budget = fixed + M x V x 4 / %d; "
       "acc.out = grad_W summed in its own dtype; liger = acc.out in Liger-Kernel's "
       "chunks\n",
       osft_build_info(),
       cuda   ? "CUDA, bf16"
       : bf16 ? "CPU, bf16 op (fp32 floor)"
              : "CPU, fp32",
-      scale, reps, budget_div);
+      scale, reps, g_cpu_time ? " (process CPU time)" : "", budget_div);
   printf(
       "%5s %5s %6s | %8s %8s %8s %8s %8s %8s | %6s %6s %6s %6s %6s | %8s %8s %8s %8s %8s "
       "| "

@@ -6,7 +6,7 @@ bench/gpu/run_cuda_bench.sh runs both on one machine in one call.
 
     python3 bench/gpu/peers_torch.py --device cuda|cpu [--scale S] [--reps R]
         [--warmup W] [--only flce,flinear,mlp,qr] [--flinear-tokens M,..]
-        [--liger-wheel WHL] --outdir DIR
+        [--liger-wheel WHL] [--cce-wheel WHL] --outdir DIR
 
 Writes DIR/peers_<name>_<device>.csv (one row per shape; times end in _ms,
 memory in _mib) and prints a table per benchmark.
@@ -17,7 +17,16 @@ memory in _mib) and prints a table per benchmark.
            the three GEMMs alone (logits = x W^T, dx = g W, dW = g^T x: the
            floor); Liger-Kernel's LigerFusedLinearCrossEntropyLoss if
            liger_kernel imports (else from the wheel under .whl/, else
-           skipped).
+           skipped); Apple's Cut Cross-Entropy (cut-cross-entropy 25.1.1,
+           `from cut_cross_entropy import linear_cross_entropy`, likewise
+           installed or from .whl/) twice: "cce" with exact gradients
+           (filter_eps=None: no softmax entry skipped in the backward) and
+           "cce_filter" with its default filter_eps="high" (entries below
+           bf16 eps / 32 = 2.4e-4 skipped). Both with impl="cce" (its Triton
+           kernels), ignore_index -100, no softcap, reduction "mean", no
+           shift; 25.1.1 has no accum_*_fp32 options: its dE and dC are
+           zeros in the input dtype summed in place (bf16). Triton needs
+           CUDA: on the CPU both peers are skipped with a message.
   flinear  the OSFT layer shapes of bench_flinear.c (Llama-3.1-8B: 4096x4096,
            1024x4096, 14336x4096, 4096x14336; N out x K in), rank ratio 0.5
            (r = round(0.5 min(N, K)) frozen, l = min(N, K) - r trainable),
@@ -83,6 +92,7 @@ class Env:
         self.gen = torch.Generator(device=self.device)
         self.gen.manual_seed(12345)
         self.liger_cls = None
+        self.cce_fn = None
 
     def dim(self, n):
         """A shape dimension divided by the scale, as the C benchmarks do."""
@@ -207,28 +217,39 @@ def write_csv(env, outdir, name, rows):
     print("wrote", path)
 
 
-# ------------------------------------------------------------------ liger
+# ------------------------------------------------------- liger and cce
+
+
+def import_package(tag, module, wheel, pattern):
+    """True once `module` imports: installed, else from the wheel (the
+    newest matching .whl/PATTERN unless `wheel` names one) unpacked into a
+    temporary folder; False with a message (a missing or broken peer must
+    not stop the rest)."""
+    try:
+        __import__(module)
+        return True
+    except ImportError:
+        pass
+    wheels = [wheel] if wheel else sorted(glob.glob(os.path.join(ROOT, ".whl", pattern)))
+    if not wheels or not os.path.exists(wheels[-1]):
+        print("%s: %s is not installed and no wheel found; skipped" % (tag, module))
+        return False
+    target = tempfile.mkdtemp(prefix=tag + "_")
+    with zipfile.ZipFile(wheels[-1]) as z:
+        z.extractall(target)
+    sys.path.insert(0, target)
+    try:
+        __import__(module)
+        return True
+    except Exception as exc:
+        print("%s: import from %s failed: %r; skipped" % (tag, wheels[-1], exc))
+        return False
 
 
 def import_liger(wheel):
-    """The Liger FLCE module class, or None with a message. Tries an installed
-    liger_kernel, then the wheel (unpacked into a temporary folder)."""
-    try:
-        import liger_kernel  # noqa: F401
-    except ImportError:
-        wheels = [wheel] if wheel else sorted(glob.glob(os.path.join(ROOT, ".whl", "liger_kernel-*.whl")))
-        if not wheels or not os.path.exists(wheels[-1]):
-            print("liger: liger_kernel is not installed and no wheel found; skipped")
-            return None
-        target = tempfile.mkdtemp(prefix="liger_")
-        with zipfile.ZipFile(wheels[-1]) as z:
-            z.extractall(target)
-        sys.path.insert(0, target)
-        try:
-            import liger_kernel  # noqa: F401
-        except Exception as exc:  # a broken wheel must not stop the rest
-            print("liger: import from %s failed: %r; skipped" % (wheels[-1], exc))
-            return None
+    """The Liger FLCE module class, or None with a message."""
+    if not import_package("liger", "liger_kernel", wheel, "liger_kernel-*.whl"):
+        return None
     try:
         from liger_kernel.transformers.fused_linear_cross_entropy import (
             LigerFusedLinearCrossEntropyLoss,
@@ -239,20 +260,36 @@ def import_liger(wheel):
     return LigerFusedLinearCrossEntropyLoss
 
 
-def liger_version():
+def import_cce(wheel):
+    """Cut Cross-Entropy's linear_cross_entropy, or None with a message."""
+    if not import_package("cce", "cut_cross_entropy", wheel, "cut_cross_entropy-*.whl"):
+        return None
+    try:
+        from cut_cross_entropy import linear_cross_entropy
+    except Exception as exc:
+        print("cce: linear_cross_entropy unavailable: %r; skipped" % (exc,))
+        return None
+    return linear_cross_entropy
+
+
+def package_version(dist, module):
     try:
         from importlib.metadata import version
 
-        return version("liger_kernel")
+        return version(dist)
     except Exception:
-        mod = sys.modules.get("liger_kernel")
+        mod = sys.modules.get(module)
         return getattr(mod, "__version__", "imported") if mod else "not imported"
+
+
+def liger_version():
+    return package_version("liger_kernel", "liger_kernel")
 
 
 # ------------------------------------------------------------------- flce
 
 
-def flce_case(env, m, h, v, liger_cls):
+def flce_case(env, m, h, v, liger_cls, cce_fn):
     x = env.rand(m, h, scale=2.0, grad=True)
     w = env.rand(v, h, scale=0.2, grad=True)
     y = (torch.arange(m, device=env.device, dtype=torch.int64) * 7919) % v
@@ -272,6 +309,14 @@ def flce_case(env, m, h, v, liger_cls):
         loss = lce(w, x, y)
         return (loss.detach(),) + torch.autograd.grad(loss, (x, w))
 
+    def cce_step(filter_eps):
+        def step():
+            loss = cce_fn(x, w, y, ignore_index=-100, softcap=None, reduction="mean",
+                          shift=False, filter_eps=filter_eps, impl="cce")
+            return (loss.detach(),) + torch.autograd.grad(loss, (x, w))
+
+        return step
+
     def gemms():
         return (x.detach() @ w.detach().t(), g @ w.detach(), g.t() @ x.detach())
 
@@ -281,6 +326,9 @@ def flce_case(env, m, h, v, liger_cls):
     if liger_cls is not None and env.cuda:
         lce = liger_cls()
         variants.append(("liger", liger_step))
+    if cce_fn is not None and env.cuda:
+        variants.append(("cce", cce_step(None)))
+        variants.append(("cce_filter", cce_step("high")))
     for name, step in variants:
         res = guarded(env, step)
         if res == OOM:
@@ -290,14 +338,15 @@ def flce_case(env, m, h, v, liger_cls):
         del res
         row[name + "_ms"] = guarded(env, lambda: time_ms(env, step))
         row[name + "_peak_mib"] = guarded(env, lambda: peak_mib(env, step))
-    if "liger" not in dict(variants):
-        row["liger_ms"] = row["liger_peak_mib"] = NAN
+    for name in ("liger", "cce", "cce_filter"):
+        if name not in dict(variants):
+            row[name + "_ms"] = row[name + "_peak_mib"] = NAN
     row["gemms_ms"] = guarded(env, lambda: time_ms(env, gemms))
     row["grads_mib"] = mib_of(x, w)
     row["logits_mxv_fp32_mib"] = m * v * 4 / MIB
     for name, loss in losses.items():
         row[name + "_loss"] = loss
-    for name in ("torch", "torch_upcast", "liger"):
+    for name in ("torch", "torch_upcast", "liger", "cce", "cce_filter"):
         row.setdefault(name + "_loss", NAN)
     ref = losses.get("torch_upcast")
     for name, loss in losses.items():
@@ -307,14 +356,15 @@ def flce_case(env, m, h, v, liger_cls):
 
 
 def bench_flce(env, args):
-    liger_cls = env.liger_cls
     rows = []
     for bt in (2048, 8192):
         for v in (32000, 128256):
-            rows.append(flce_case(env, env.dim(bt), env.dim(4096), env.dim(v), liger_cls))
+            rows.append(flce_case(env, env.dim(bt), env.dim(4096), env.dim(v), env.liger_cls,
+                                  env.cce_fn))
             env.free()
-    cols = ["bt", "h", "v", "gemms_ms", "torch_ms", "torch_upcast_ms", "liger_ms",
-            "torch_peak_mib", "torch_upcast_peak_mib", "liger_peak_mib", "grads_mib"]
+    cols = ["bt", "h", "v", "gemms_ms", "torch_ms", "torch_upcast_ms", "liger_ms", "cce_ms",
+            "cce_filter_ms", "torch_peak_mib", "torch_upcast_peak_mib", "liger_peak_mib",
+            "cce_peak_mib", "cce_filter_peak_mib", "grads_mib"]
     print_table(rows, cols)
     return rows
 
@@ -467,8 +517,9 @@ def print_versions(env):
     except Exception:
         triton_v = "not available"
     name = torch.cuda.get_device_name(env.device) if env.cuda else "CPU (%d threads)" % torch.get_num_threads()
-    print("# torch %s (CUDA %s) | triton %s | liger_kernel %s | device %s"
-          % (torch.__version__, torch.version.cuda, triton_v, liger_version(), name))
+    print("# torch %s (CUDA %s) | triton %s | liger_kernel %s | cut_cross_entropy %s | device %s"
+          % (torch.__version__, torch.version.cuda, triton_v, liger_version(),
+             package_version("cut-cross-entropy", "cut_cross_entropy"), name))
     print("# %s, shapes / %d, %d warm-up + median of %d" % (str(env.dtype).replace("torch.", ""), env.scale,
                                                            env.warmup, env.reps))
 
@@ -482,14 +533,16 @@ def main():
     ap.add_argument("--only", default=",".join(BENCHES))
     ap.add_argument("--flinear-tokens", default=None)
     ap.add_argument("--liger-wheel", default=None)
+    ap.add_argument("--cce-wheel", default=None)
     ap.add_argument("--outdir", required=True)
     args = ap.parse_args()
     env = Env(args)
     os.makedirs(args.outdir, exist_ok=True)
     if "flce" in args.only and env.cuda:
         env.liger_cls = import_liger(args.liger_wheel)
+        env.cce_fn = import_cce(args.cce_wheel)
     elif "flce" in args.only:
-        print("liger: Triton needs CUDA; skipped on the CPU")
+        print("liger, cce: Triton needs CUDA; skipped on the CPU")
     print_versions(env)
     failed = []
     for name in [s.strip() for s in args.only.split(",") if s.strip()]:

@@ -61,6 +61,27 @@
  * comes from the memory budget (osft_flce_options_t::memory_budget); a
  * larger budget means fewer read-modify-writes of grad_W.
  *
+ * @par The vocabulary plan
+ * When the budget holds only a few token rows of logits (Llama-3's V =
+ * 128256 at 64 MiB: about 128 rows, each chunk a read-modify-write of all
+ * of grad_W), the call may chunk the vocabulary instead: tiles of R tokens
+ * x S classes (S < V). Pass 1 runs over the S-wide slices of W, computing
+ * each tile's logits and keeping per row only a record of 8 floats (the
+ * running max and sum of exponentials, the target logit and class weight,
+ * the smoothing sum, the argmax), merged slice by slice; pass 2 recomputes
+ * each slice's logits (the last slice of pass 1 is still in the buffer),
+ * writes the gradient from the merged records, adds g W[slice] into
+ * grad_x[rows] and writes grad_W[slice] (and grad_b[slice]) once per token
+ * tile: with R = M, once. That is 4 GEMMs' worth of work instead of 3 at
+ * any budget, with no V x H accumulator traffic. The planner
+ * (osft_flce_options_t::chunking, default automatic) compares both plans
+ * by a cost model of their GEMMs and their memory traffic and reports its
+ * choice in osft_flce_get_plan() (osft_flce_plan_t::chunking). Both plans
+ * give the same results up to fp32 rounding (the row statistics combine
+ * per slice as under vocab parallelism), with every option, reduction and
+ * output, and with vocab parallelism (each rank slices its own shard; the
+ * ranks exchange one merged record per row and token tile).
+ *
  * @par Scratch memory
  * Scratch memory (taken from the context's workspace, counted by
  * osft_context_get_memory_stats) is, in bytes:
@@ -77,11 +98,29 @@
  * A call whose M rows fit in one chunk within the budget (with
  * vocab parallelism off and chunk_rows 0 or at least M) runs in one chunk
  * without the fp32 accumulators: its backward GEMM sums the M rows in fp32
- * and rounds once, as the accumulator would.
+ * and rounds once, as the accumulator would. The vocabulary plan (tiles of
+ * R tokens x S classes, above) takes instead:
+ * @code{.unparsed}
+ *   per tile        4 * R * Sp (fp32 logits; Sp = S rounded up to 16)
+ *                   + 64 * R (row records) + 32 * R * P with P > 1 ranks
+ *                   + 4 * R * H on the CPU with bf16 x (x widened)
+ *                   + 4 * S * H on the CPU with a bf16 weight (each slice
+ *                     of W widened when used: never all of W)
+ *                   + 4 * R * H when grad_x is bf16, the accumulator is
+ *                     OSFT_FLCE_ACCUMULATOR_FP32 and S < V (grad_x summed
+ *                     over the slices in fp32)
+ *   fixed           16 * M (per-token loss, z-loss, argmax) + small,
+ *                   + 4 * V * H (4 * V) for a bf16 grad_weight (grad_bias)
+ *                     with the fp32 accumulator when R < M.
+ * @endcode
+ * With OSFT_FLCE_ACCUMULATOR_OUTPUT a bf16 grad_x is summed over the slices
+ * in bf16 (rounded once per slice), as grad_weight is over token chunks.
  * osft_flce_get_plan() reports the chunk size and the scratch of a call.
  * The GEMMs and the bias-gradient sum may take small temporaries of their
  * own, not counted in the budget: C x H floats on the CPU with a bf16
- * grad_x, a few times V floats on CUDA with grad_bias.
+ * grad_x, a few times V floats on CUDA with grad_bias, and S x H floats for
+ * a bf16 grad_weight under the vocabulary plan on a CPU engine with bf16
+ * GEMMs (oneMKL: its GEMM writes fp32).
  *
  * @par Precision
  * x and W are fp32 or bf16 (the same dtype). GEMMs take their
@@ -297,7 +336,8 @@ typedef enum osft_flce_reduction_e {
 } osft_flce_reduction_t;
 
 /**
- * @brief Where grad_weight and grad_bias are summed over chunks.
+ * @brief Where grad_weight and grad_bias are summed over chunks (and, in the
+ * vocabulary plan, a bf16 grad_x over the vocabulary slices).
  *
  * Values fixed forever. Both are the same for fp32 gradients.
  */
@@ -308,9 +348,29 @@ typedef enum osft_flce_accumulator_e {
   OSFT_FLCE_ACCUMULATOR_FP32 = 0,
   /** In the gradient's own dtype: a bf16 grad_weight is rounded after every
    * chunk. Saves the 4 * V * H bytes of scratch, costs precision. On the
-   * CPU the GEMM still widens grad_weight to fp32 per chunk (no saving). */
+   * CPU the GEMM still widens grad_weight to fp32 per chunk (no saving). The
+   * vocabulary plan likewise rounds a bf16 grad_x after every slice (saving
+   * 4 * R * H bytes). */
   OSFT_FLCE_ACCUMULATOR_OUTPUT = 1
 } osft_flce_accumulator_t;
+
+/**
+ * @brief What a call chunks (see "The vocabulary plan" above).
+ *
+ * Values fixed forever. Added in 1.2.0.
+ */
+typedef enum osft_flce_chunking_e {
+  /** The planner chooses from the budget and the shapes: the plan its cost
+   * model (GEMM flops plus the memory traffic of each plan) finds cheaper.
+   * Default. */
+  OSFT_FLCE_CHUNKING_AUTO = 0,
+  /** Chunks of tokens over the whole vocabulary (three GEMMs, grad_W summed
+   * over the chunks). */
+  OSFT_FLCE_CHUNKING_TOKENS = 1,
+  /** Tiles of tokens x vocabulary slices in two passes (four GEMMs' worth,
+   * grad_W written once per token tile). */
+  OSFT_FLCE_CHUNKING_VOCAB = 2
+} osft_flce_chunking_t;
 
 /** @brief Options of a handle. Initialize with OSFT_FLCE_OPTIONS_INIT(&o). */
 typedef struct osft_flce_options_s {
@@ -337,7 +397,8 @@ typedef struct osft_flce_options_s {
   size_t memory_budget;
   /** At most this many tokens per chunk (exactly this many, the last chunk
    * excepted, when the budget allows); 0: as many as the budget allows,
-   * balanced over the chunks. Must be >= 0. Default 0. */
+   * balanced over the chunks (the vocabulary plan's token tiles alike).
+   * Must be >= 0. Default 0. */
   int64_t chunk_rows;
   /** Vocab parallelism (see the top of this file): a communicator on the
    * handle's context, or NULL (default: no vocab parallelism). The handle
@@ -369,6 +430,16 @@ typedef struct osft_flce_options_s {
    * the host, so the call waits and checks there as by default (the option
    * has no effect). Added in 1.1.0; default 0. */
   int device_target_check;
+  /** Token chunks or vocabulary slices (osft_flce_chunking_t); the plan a
+   * call took is in osft_flce_plan_t::chunking. Under vocab parallelism each
+   * rank plans its own shard (the ranks may differ). Added in 1.2.0;
+   * default OSFT_FLCE_CHUNKING_AUTO (0). */
+  osft_flce_chunking_t chunking;
+  /** The vocabulary plan: at most this many classes per slice (exactly this
+   * many, the last slice excepted, when the budget allows); 0: as many as
+   * the budget allows, balanced over the slices. Must be >= 0; not used by
+   * the token plan. Added in 1.2.0; default 0. */
+  int64_t slice_cols;
 } osft_flce_options_t;
 
 /**
@@ -400,9 +471,9 @@ OSFT_API osft_status_t osft_flce_options_init(osft_flce_options_t *opts,
  * @retval OSFT_STATUS_INVALID_HANDLE  (ctx); (comm not a live communicator).
  * @retval OSFT_STATUS_INVALID_ARGUMENT  (flce NULL; label_smoothing outside
  *   [0, 1]; z_loss_scale negative or not finite; softcap negative or not
- *   finite; unknown reduction or accumulator; chunk_rows < 0; vocab_offset <
- *   0; vocab_offset or vocab_size_global not 0 without comm;
- *   vocab_size_global <= vocab_offset with a comm of more than one rank;
+ *   finite; unknown reduction, accumulator or chunking; chunk_rows < 0;
+ *   slice_cols < 0; vocab_offset < 0; vocab_offset or vocab_size_global not
+ *   0 without comm; vocab_size_global <= vocab_offset with a comm of more than one rank;
  *   vocab_offset not 0 or vocab_size_global negative with a one-rank comm;
  *   comm on another context)
  * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  opts->struct_size.
@@ -623,6 +694,16 @@ typedef struct osft_flce_plan_s {
   int64_t chunks;         /**< number of chunks (0 when M is 0) */
   uint64_t scratch_bytes; /**< workspace the call takes */
   uint64_t budget_bytes;  /**< the bound it was planned against */
+  /** The plan chosen: OSFT_FLCE_CHUNKING_TOKENS or OSFT_FLCE_CHUNKING_VOCAB
+   * (never AUTO). With VOCAB, chunk_rows and chunks are the token tiles.
+   * Added in 1.2.0. */
+  osft_flce_chunking_t chunking;
+  /** Vocabulary slices per token tile (1 for the token plan). Added in
+   * 1.2.0. */
+  int64_t slices;
+  /** Classes per slice (the last may have fewer; V for the token plan).
+   * Added in 1.2.0. */
+  int64_t slice_cols;
 } osft_flce_plan_t;
 
 /**

@@ -149,9 +149,13 @@ struct FlcePrepare {
 };
 
 /* What a row pass does: everything (single rank), or, with vocab
- * parallelism, the per-row records only, then (after the all-gather) the
- * per-token results and the gradient from the combined records. */
-enum class FlceRowPhase { full, records, finish };
+ * parallelism or vocabulary slices, the per-row records only, then (after
+ * the all-gather, or the last slice) the per-token results and the
+ * gradient from the combined records. merge: no logits; combines the
+ * `ranks` blocks of `gathered` row by row (flce_combine) into one record
+ * per row in `records`, which may be the first block itself (the
+ * vocabulary plan merges each slice's records into the running ones). */
+enum class FlceRowPhase { full, records, finish, merge };
 
 /* One chunk of rows [first_token, first_token + logits.rows). */
 struct FlceRowPass {
@@ -161,9 +165,11 @@ struct FlceRowPass {
   const float *gathered = nullptr; /* finish: ranks blocks of records (read) */
   int ranks = 1;
   /* fp32 logits x_c W^T (bias not yet added), rows x V with ld >= V, rows
-   * 16-byte aligned. With want_grad, overwritten in place by g, of
-   * grad_dtype: fp32 with the same ld, or bf16 (CUDA only) with ld
-   * 2 * logits.ld, i.e. row i starts where logits row i starts. */
+   * 16-byte aligned; V is loss.vocab: this rank's classes, or one slice of
+   * them (then bias and class_weight below start at the slice's first
+   * class, and loss.vocab_offset is its global id). With want_grad, overwritten in place
+   * by g, of grad_dtype: fp32 with the same ld, or bf16 (CUDA only) with ld 2 *
+   * logits.ld, i.e. row i starts where logits row i starts. */
   Mat logits;
   bool want_grad = false;
   osfti_dtype_t grad_dtype = OSFTI_F32;
@@ -201,6 +207,11 @@ struct FlceKernels {
   /* GEMMs take bf16 operands natively (else the operation widens them to
    * fp32 in scratch first, and the row pass writes fp32 gradients). */
   bool bf16_gemm;
+
+  /* The planner's machine balance: GEMM flops per byte of memory traffic
+   * (a large GEMM's flop rate over the memory bandwidth), with which its
+   * cost model weighs the bytes a plan moves against its flops. */
+  double flops_per_byte;
 
   /* Checks every target against [0, V) and ignore_index and computes the
    * totals into args.totals; returns a host copy (waits on CUDA). */

@@ -133,6 +133,9 @@ OSFT_API osft_status_t osft_flce_get_plan(osft_flce_t flce, const osft_flce_inpu
     info.chunks = p.chunks;
     info.scratch_bytes = p.scratch.bytes();
     info.budget_bytes = p.budget;
+    info.chunking = p.vocab ? OSFT_FLCE_CHUNKING_VOCAB : OSFT_FLCE_CHUNKING_TOKENS;
+    info.slices = p.slices;
+    info.slice_cols = p.slice_cols;
     osft::write_struct(plan, plan->struct_size, info);
     return OSFT_STATUS_SUCCESS;
   });

@@ -284,7 +284,19 @@ void one_row(const RowSetup &s, int64_t i) {
   }
 }
 
+/* FlceRowPhase::merge: one record per row from the blocks of `gathered`
+ * (row i of the first block may be records[i] itself: read, then written). */
+void merge_records(const FlceRowPass &a) {
+  const int64_t rows = a.logits.rows;
+  for (int64_t i = 0; i < rows; ++i) {
+    const FlceCombined c = flce_combine(a.gathered, a.ranks, rows, i);
+    flce_pack_record(a.records + i * kFlceRecordWords, c.max, c.sum, c.target, c.weight,
+                     c.smooth, c.best, c.best_j);
+  }
+}
+
 void cpu_rows(Context &, const FlceRowPass &a) {
+  if (a.phase == FlceRowPhase::merge) return merge_records(a);
   const FlceTotals &t = *a.totals;
   RowSetup s{&a};
   if (a.bias.data != nullptr) {
@@ -403,8 +415,13 @@ void cpu_finalize(Context &, const FlceFinalize &a) {
 const FlceKernels &cpu_flce_kernels() noexcept {
   /* bf16 x and W go to the GEMMs as they are where the engine multiplies
    * bf16 (oneMKL); otherwise the operation widens them to fp32 first. */
-  static const FlceKernels table = {blas::has_bf16_gemm(), cpu_prepare, cpu_rows,
-                                    cpu_finalize};
+  /* flops per byte: OpenBLAS's sgemm runs at ~100 GFLOP/s a core (Zen 4,
+   * measured) against a memory bus shared by every core; 8 ranks the plans
+   * as measured at bench_flce's CPU shapes (bench/results/
+   * flce_vocab_chunk_cpu.md). A bf16 engine (oneMKL) doubles the flops. */
+  static const FlceKernels table = {blas::has_bf16_gemm(),
+                                    blas::has_bf16_gemm() ? 16.0 : 8.0, cpu_prepare,
+                                    cpu_rows, cpu_finalize};
   return table;
 }
 

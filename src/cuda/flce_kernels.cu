@@ -340,8 +340,10 @@ __global__ void __launch_bounds__(kMaxRowThreads) rows_kernel(RowParams p) {
     wy = ignored ? 0.0f : combined.weight;
     if (threadIdx.x == 0) target_logit = combined.target;
   }
-  /* counted: the token is not ignored (its target may lie in another shard) */
-  const bool counted = p.phase == FlceRowPhase::finish ? !ignored : mine;
+  /* counted: the token is not ignored (its target may lie in another shard
+   * or slice); a bad target (device_target_check) counts as ignored, as on
+   * the CPU */
+  const bool counted = p.phase == FlceRowPhase::finish ? !ignored && !bad : mine;
   const float lse = st.max + logf(st.sum);
   const double wsum = p.totals->weight_sum;
   if (threadIdx.x == 0) {
@@ -377,6 +379,17 @@ __global__ void __launch_bounds__(kMaxRowThreads) rows_kernel(RowParams p) {
   G *out = p.grad != nullptr ? static_cast<G *>(p.grad) + row * p.grad_ld
                              : reinterpret_cast<G *>(z);
   write_gradient<G>(p, c, z, out);
+}
+
+/* FlceRowPhase::merge: a thread per row reads its row of every block, then
+ * writes its record (which may be the row of the first block). */
+__global__ void merge_kernel(const float *gathered, int ranks, int64_t rows,
+                             float *records) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows) return;
+  const FlceCombined c = flce_combine(gathered, ranks, rows, i);
+  flce_pack_record(records + i * kFlceRecordWords, c.max, c.sum, c.target, c.weight,
+                   c.smooth, c.best, c.best_j);
 }
 
 /* ------------------------------------------------------------ finalize */
@@ -467,6 +480,14 @@ void launch_flce_prepare(cudaStream_t stream, const FlcePrepare &a) {
 
 void launch_flce_rows(cudaStream_t stream, const FlceRowPass &a) {
   if (a.logits.rows == 0) return;
+  if (a.phase == FlceRowPhase::merge) {
+    constexpr unsigned threads = 128;
+    const auto blocks = static_cast<unsigned>((a.logits.rows + threads - 1) / threads);
+    merge_kernel<<<blocks, threads, 0, stream>>>(a.gathered, a.ranks, a.logits.rows,
+                                                 a.records);
+    check_launch("flce merge");
+    return;
+  }
   RowParams p;
   p.logits = static_cast<float *>(a.logits.data);
   p.ld = a.logits.ld;

@@ -16,7 +16,7 @@ namespace osft::cuda {
  * sums, in fp64). */
 void launch_flce_prepare(cudaStream_t stream, const FlcePrepare &args);
 
-/* One block per row of the chunk. */
+/* One block per row of the chunk (the merge phase: one thread per row). */
 void launch_flce_rows(cudaStream_t stream, const FlceRowPass &args);
 
 /* One block: the reductions and per-token copies of FlceFinalize. */

@@ -2,9 +2,13 @@
  * logits = x_c W^T into the reused scratch buffer (GEMM), the row pass
  * (statistics and the gradient in place), grad_x_c = g W, grad_W += g^T x_c
  * and grad_b += column sums of g (GEMM / reduce accumulating themselves).
+ * The vocabulary plan runs each chunk over slices of W twice: the row
+ * records of every slice merged, then per slice the logits again, the
+ * gradient from the merged records, grad_x_c += g W_s, grad_W_s (+)= g^T x_c.
  * Nothing the caller passed is written before the targets have been
  * checked. */
 #include <algorithm>
+#include <cstdio>
 #include <optional>
 #include <vector>
 
@@ -42,6 +46,19 @@ struct RankTotals {
   int64_t grad_x_compact;
 };
 
+/* Classes [first, first + cols) of this rank's shard. */
+struct Slice {
+  int64_t first = 0, cols = 0;
+};
+
+/* The records a row pass writes (out: the records phase, merge) and reads
+ * (in: `ranks` blocks, the finish phase and merge). */
+struct Records {
+  float *out = nullptr;
+  const float *in = nullptr;
+  int ranks = 1;
+};
+
 /* Where a gradient is summed over the chunks: the caller's tensor, or an
  * fp32 scratch accumulator cast into it at the end. */
 struct Accumulator {
@@ -76,10 +93,15 @@ class Run {
      * budget): 37-44% off that GEMM at V = 32000, H = 512 even for one chunk
      * (2 Emerald Rapids cores). Not for grad_x = g W (K = V: no gain). */
     const size_t used = plan_.scratch.bytes();
-    logits_w_.emplace(ctx_, Op::T, weight_, chunk_rows_,
-                      plan_.budget > used ? plan_.budget - used : 0);
+    if (!plan_.vocab) /* a vocabulary plan uses the whole budget for its tiles */
+      logits_w_.emplace(ctx_, Op::T, weight_, chunk_rows_,
+                        plan_.budget > used ? plan_.budget - used : 0);
     for (int64_t first = 0; first < call_.m; first += chunk_rows_) {
-      chunk(first, std::min(chunk_rows_, call_.m - first));
+      const int64_t rows = std::min(chunk_rows_, call_.m - first);
+      if (plan_.vocab)
+        vocab_chunk(first, rows);
+      else
+        chunk(first, rows);
       ++counts_.chunks;
     }
     logits_w_.reset();
@@ -94,8 +116,23 @@ class Run {
 
   /* ---- every backend call goes through these, counted */
 
-  bool whole_vh(const Mat &m) const noexcept {
-    return m.rows == call_.v && m.cols == call_.h;
+  /* The elements of a V x H buffer (W, its fp32 copy, grad_W, its fp32
+   * accumulator) that m covers: all of them, or a vocabulary slice's rows;
+   * 0 for any other buffer. */
+  int64_t vh_elems(const Mat &m) const noexcept {
+    if (m.cols != call_.h || m.data == nullptr) return 0;
+    /* a vocabulary plan's fp32 copy of W holds one slice (and is not counted) */
+    const Mat bufs[4] = {
+        call_.w, call_.grad_w, gw_.acc,
+        plan_.slots.w32 >= 0 && !plan_.vocab ? mat(plan_.slots.w32) : Mat{}};
+    const auto *p = static_cast<const char *>(m.data);
+    for (const Mat &b : bufs) {
+      const auto *lo = static_cast<const char *>(b.data);
+      if (lo != nullptr && p >= lo &&
+          p < lo + b.rows * b.ld * static_cast<int64_t>(osfti_dtype_size(b.dtype)))
+        return m.rows * m.cols;
+    }
+    return 0;
   }
 
   void copy(const Mat &src, const Mat &dst) {
@@ -105,7 +142,7 @@ class Run {
       ++counts_.conversions;
       counts_.converted += src.rows * src.cols;
     }
-    if (whole_vh(dst)) counts_.vh_passes += 2; /* read one, write the other */
+    vh_elems_ += vh_elems(src) + vh_elems(dst); /* read one, write the other */
   }
 
   /* packed: b packed for op_b, or nullptr */
@@ -120,7 +157,7 @@ class Run {
       counts_.conversions += passes;
       counts_.converted += passes * c.rows * c.cols;
     }
-    if (whole_vh(c)) counts_.vh_passes += passes;
+    vh_elems_ += passes * vh_elems(c);
   }
 
   void reduce_cols(const Mat &g, float beta, const Vec &y) {
@@ -128,12 +165,20 @@ class Run {
     ++counts_.calls;
   }
 
-  void log_counts() const {
+  void log_counts() {
     if (!log_enabled(OSFT_LOG_DEBUG)) return;
+    /* whole passes: the slices of a sweep add up to one */
+    const int64_t vh = call_.v * call_.h;
+    counts_.vh_passes = vh > 0 ? (vh_elems_ + vh / 2) / vh : 0;
+    char kind[64] = "";
+    if (plan_.hold) std::snprintf(kind, sizeof kind, " (held)");
+    if (plan_.vocab)
+      std::snprintf(kind, sizeof kind, " x %lld vocabulary slices",
+                    static_cast<long long>(plan_.slices));
     log_message(OSFT_LOG_DEBUG,
                 "flce: counts: %lld chunk(s)%s: %lld calls, %lld conversions (%lld "
                 "elements), %lld V x H passes, %lld host waits, %lld allocations",
-                static_cast<long long>(counts_.chunks), plan_.hold ? " (held)" : "",
+                static_cast<long long>(counts_.chunks), kind,
                 static_cast<long long>(counts_.calls),
                 static_cast<long long>(counts_.conversions),
                 static_cast<long long>(counts_.converted),
@@ -272,7 +317,8 @@ class Run {
 
   void start_gradients() {
     weight_ = call_.w;
-    if (plan_.slots.w32 >= 0) {
+    /* a vocabulary plan widens W slice by slice (vocab_weight()) */
+    if (plan_.slots.w32 >= 0 && !plan_.vocab) {
       weight_ = mat(plan_.slots.w32);
       copy(call_.w, weight_);
     }
@@ -286,7 +332,10 @@ class Run {
     return Mat{logits.data, logits.rows, logits.cols, 2 * logits.ld, grad_dtype()};
   }
 
-  osfti_dtype_t grad_dtype() const noexcept { return weight_.dtype; }
+  /* g: the GEMMs' operand dtype (fp32 where W is widened) */
+  osfti_dtype_t grad_dtype() const noexcept {
+    return k_.bf16_gemm ? call_.w.dtype : OSFTI_F32;
+  }
 
   /* Rows [first, first + rows) of the held gradients (hold plans). */
   Mat held(int64_t first, int64_t rows) const {
@@ -296,28 +345,19 @@ class Run {
   }
 
   void chunk(int64_t first, int64_t rows) {
-    Mat xc = rows_of(call_.x, first, rows);
-    if (plan_.slots.x32 >= 0) {
-      /* a hold plan widens all of x, for the grad_W GEMM at the end */
-      const Mat x32 = rows_of(mat(plan_.slots.x32), plan_.hold ? first : 0, rows);
-      copy(xc, x32);
-      xc = x32;
-    }
+    const Mat xc = chunk_x(first, rows);
     /* fp32 gradients of a hold plan: the logits go straight into the hold */
     Mat logits = plan_.slots.logits >= 0 ? rows_of(mat(plan_.slots.logits), 0, rows)
                                          : held(first, rows);
     logits.cols = call_.v;
     gemm(Op::N, xc, Op::T, weight_, 0.0f, logits, &*logits_w_);
+    const Slice all{0, call_.v};
     if (comm_ != nullptr) {
-      row_pass(first, logits, FlceRowPhase::records);
-      const int64_t count = rows * kFlceRecordWords;
-      const std::vector<int64_t> counts(static_cast<size_t>(comm_->size), count);
-      comm_allgather(*comm_, mat(plan_.slots.records).data,
-                     mat(plan_.slots.gathered).data, counts.data(), OSFTI_F32);
-      ++counts_.host_waits;
-      row_pass(first, logits, FlceRowPhase::finish);
+      float *records = static_cast<float *>(mat(plan_.slots.records).data);
+      row_pass(first, logits, FlceRowPhase::records, all, {records, nullptr, 1});
+      row_pass(first, logits, FlceRowPhase::finish, all, gather(records, rows));
     } else {
-      row_pass(first, logits, FlceRowPhase::full);
+      row_pass(first, logits, FlceRowPhase::full, all, {});
     }
     if (!call_.want_grad()) return;
     const Mat g = plan_.hold ? held(first, rows) : gradient_view(logits);
@@ -332,6 +372,129 @@ class Run {
       reduce_cols(g, gb_.beta, Vec{gb_.acc.data, call_.v, gb_.acc.dtype});
       gb_.beta = 1.0f;
     }
+  }
+
+  /* Vocab parallelism: every rank's records of `rows` rows, all-gathered
+   * (rank-major), as the finish phase reads them; one rank: its own. */
+  Records gather(float *records, int64_t rows) {
+    if (comm_ == nullptr) return Records{nullptr, records, 1};
+    const std::vector<int64_t> counts(static_cast<size_t>(comm_->size),
+                                      rows * kFlceRecordWords);
+    float *gathered = static_cast<float *>(mat(plan_.slots.gathered).data);
+    comm_allgather(*comm_, records, gathered, counts.data(), OSFTI_F32);
+    ++counts_.host_waits;
+    return Records{nullptr, gathered, comm_->size};
+  }
+
+  /* ---- the vocabulary plan */
+
+  /* Slice s of this rank's classes. */
+  Slice slice(int64_t s) const noexcept {
+    const int64_t first = s * plan_.slice_cols;
+    return Slice{first, std::min(plan_.slice_cols, call_.v - first)};
+  }
+
+  /* W's rows of slice `sl`, widened into scratch where the GEMMs take no
+   * bf16 (the buffer then holds the last slice widened). */
+  Mat vocab_weight(const Slice &sl) {
+    const Mat w = rows_of(call_.w, sl.first, sl.cols);
+    if (plan_.slots.w32 < 0) return w;
+    const Mat w32 = rows_of(mat(plan_.slots.w32), 0, sl.cols);
+    copy(w, w32);
+    return w32;
+  }
+
+  /* The logits of rows x slice `sl` into the tile buffer. */
+  Mat tile_logits(const Mat &xc, const Slice &sl) {
+    Mat tile = rows_of(mat(plan_.slots.logits), 0, xc.rows);
+    tile.cols = sl.cols;
+    gemm(Op::N, xc, Op::T, vocab_weight(sl), 0.0f, tile);
+    return tile;
+  }
+
+  /* One chunk of tokens over the slices: pass 1 merges every slice's row
+   * records into the running ones (first block of the records slot; a
+   * slice's go to the second), pass 2 recomputes each slice's logits,
+   * starting with the last slice of pass 1, whose logits are still in the
+   * tile buffer, and takes its share of every gradient. */
+  void vocab_chunk(int64_t first, int64_t rows) {
+    const Mat xc = chunk_x(first, rows);
+    float *running = static_cast<float *>(mat(plan_.slots.records).data);
+    float *sliced = running + rows * kFlceRecordWords;
+    Mat tile;
+    for (int64_t s = 0; s < plan_.slices; ++s) {
+      tile = tile_logits(xc, slice(s));
+      row_pass(first, tile, FlceRowPhase::records, slice(s),
+               {s == 0 ? running : sliced, nullptr, 1});
+      if (s > 0)
+        row_pass(first, Mat{nullptr, rows, 0, 0, OSFTI_F32}, FlceRowPhase::merge, {},
+                 {running, running, 2});
+    }
+    const Records combined = gather(running, rows);
+    if (!call_.want_grad()) { /* the per-token results only: no logits read */
+      row_pass(first, tile, FlceRowPhase::finish, Slice{0, call_.v}, combined);
+      return;
+    }
+    Accumulator gx = grad_x_accumulator(first, rows);
+    for (int64_t k = 0; k < plan_.slices; ++k) {
+      const Slice sl = slice(k == 0 ? plan_.slices - 1 : k - 1);
+      if (k > 0) tile = tile_logits(xc, sl);
+      row_pass(first, tile, FlceRowPhase::finish, sl, combined);
+      const Mat g = gradient_view(tile);
+      const Mat ws = plan_.slots.w32 >= 0 ? rows_of(mat(plan_.slots.w32), 0, sl.cols)
+                                          : rows_of(call_.w, sl.first, sl.cols);
+      if (gx.target.data != nullptr) {
+        gemm(Op::N, g, Op::N, ws, gx.beta, gx.acc);
+        gx.beta = 1.0f;
+      }
+      if (gw_.target.data != nullptr) grad_w_slice(g, xc, sl);
+      if (gb_.target.data != nullptr) reduce_cols(g, gb_.beta, vec_of(gb_.acc, sl));
+    }
+    gw_.beta = gb_.beta = 1.0f; /* every slice's rows written: later chunks add */
+    if (gx.in_scratch()) copy(gx.acc, gx.target);
+  }
+
+  /* grad_W's rows of slice `sl` (+)= g^T x_c. Bf16 rows where the GEMMs take
+   * no bf16 go through the slice's fp32 copy of W (free once grad_x has
+   * had its share), so that the GEMM stages nothing beyond the budget. */
+  void grad_w_slice(const Mat &g, const Mat &xc, const Slice &sl) {
+    const Mat rows = rows_of(gw_.acc, sl.first, sl.cols);
+    if (plan_.slots.w32 < 0 || rows.dtype == OSFTI_F32)
+      return gemm(Op::T, g, Op::N, xc, gw_.beta, rows);
+    const Mat stage = rows_of(mat(plan_.slots.w32), 0, sl.cols);
+    if (gw_.beta != 0.0f) copy(rows, stage);
+    gemm(Op::T, g, Op::N, xc, gw_.beta, stage);
+    copy(stage, rows);
+  }
+
+  /* grad_x's rows of a chunk as the slices sum into them: the caller's, or
+   * an fp32 scratch copy (a bf16 grad_x with the fp32 accumulator). */
+  Accumulator grad_x_accumulator(int64_t first, int64_t rows) {
+    if (call_.grad_x.data == nullptr) return Accumulator{};
+    const Mat target = rows_of(call_.grad_x, first, rows);
+    Accumulator a{target, target, grad_x_beta()};
+    if (plan_.slots.gx32 >= 0) {
+      a.acc = rows_of(mat(plan_.slots.gx32), 0, rows);
+      if (a.beta != 0.0f) copy(target, a.acc);
+    }
+    return a;
+  }
+
+  /* Elements [sl.first, sl.first + sl.cols) of a one-row gradient. */
+  static Vec vec_of(const Mat &row, const Slice &sl) {
+    return Vec{static_cast<char *>(row.data) +
+                   sl.first * static_cast<int64_t>(osfti_dtype_size(row.dtype)),
+               sl.cols, row.dtype};
+  }
+
+  /* A chunk's rows of x as the GEMMs take them (widened where needed; a
+   * hold plan widens all of x, for the grad_W GEMM at the end). */
+  Mat chunk_x(int64_t first, int64_t rows) {
+    const Mat xc = rows_of(call_.x, first, rows);
+    if (plan_.slots.x32 < 0) return xc;
+    const Mat x32 = rows_of(mat(plan_.slots.x32), plan_.hold ? first : 0, rows);
+    copy(xc, x32);
+    return x32;
   }
 
   /* Rank 0 keeps the caller's beta (its old grad_x is the base); the other
@@ -358,23 +521,33 @@ class Run {
     counts_.host_waits += gx.rows;
   }
 
-  void row_pass(int64_t first, const Mat &logits, FlceRowPhase phase) {
+  /* Elements [sl.first, sl.first + sl.cols) of a per-class input (none
+   * stays none). */
+  static Vec classes(const Vec &v, const Slice &sl) {
+    if (v.data == nullptr) return v;
+    return vec_of(as_row(v), sl);
+  }
+
+  /* A row pass over the classes `sl` of this rank's shard (a vocabulary
+   * slice, or all of them), with the records it writes and reads. */
+  void row_pass(int64_t first, const Mat &logits, FlceRowPhase phase, const Slice &sl,
+                const Records &rec) {
     FlceRowPass a;
     a.loss = loss_;
+    a.loss.vocab = sl.cols;
+    a.loss.vocab_offset += sl.first;
     a.phase = phase;
-    if (comm_ != nullptr) {
-      a.records = static_cast<float *>(mat(plan_.slots.records).data);
-      a.gathered = static_cast<const float *>(mat(plan_.slots.gathered).data);
-      a.ranks = comm_->size;
-    }
+    a.records = rec.out;
+    a.gathered = rec.in;
+    a.ranks = rec.ranks;
     a.logits = logits;
     a.want_grad = call_.want_grad();
     a.grad_dtype = grad_dtype();
     if (plan_.hold && plan_.slots.logits >= 0) a.grad = held(first, logits.rows);
     a.first_token = first;
     a.targets = call_.targets;
-    a.bias = call_.bias;
-    a.class_weight = call_.class_weight;
+    a.bias = classes(call_.bias, sl);
+    a.class_weight = classes(call_.class_weight, sl);
     a.grad_loss = call_.grad_loss;
     a.totals = totals_;
     a.tokens = tokens_;
@@ -427,6 +600,7 @@ class Run {
   std::optional<PackedB> logits_w_; /* weight_ packed for the logits GEMMs */
   Accumulator gw_, gb_;
   FlceCounts counts_;
+  int64_t vh_elems_ = 0; /* counts_.vh_passes, in elements */
 };
 
 }  // namespace

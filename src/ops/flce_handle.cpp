@@ -44,6 +44,13 @@ void check_options(const osft_flce_options_t &o) {
   if (o.chunk_rows < 0)
     raise(OSFT_STATUS_INVALID_ARGUMENT, "opts->chunk_rows: %lld is negative",
           static_cast<long long>(o.chunk_rows));
+  const int chunking = raw_enum(o.chunking);
+  if (chunking < OSFT_FLCE_CHUNKING_AUTO || chunking > OSFT_FLCE_CHUNKING_VOCAB)
+    raise(OSFT_STATUS_INVALID_ARGUMENT,
+          "opts->chunking: %d is not an osft_flce_chunking_t", chunking);
+  if (o.slice_cols < 0)
+    raise(OSFT_STATUS_INVALID_ARGUMENT, "opts->slice_cols: %lld is negative",
+          static_cast<long long>(o.slice_cols));
 }
 
 /* The vocab-parallel fields: the comm is checked at creation (its context). */

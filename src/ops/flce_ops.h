@@ -70,8 +70,11 @@ struct FlceSlots {
    * grad_W GEMM (and one grad_b sum) at the end; with fp32 gradients the
    * logits are computed into it and `logits` is not needed */
   int hold = -1;
-  int records = -1;  /* vocab parallelism: chunk x kFlceRecordWords fp32 */
+  /* vocab parallelism: chunk x kFlceRecordWords fp32; vocabulary plans: 2
+   * blocks of that, the running records and a slice's */
+  int records = -1;
   int gathered = -1; /* ranks x chunk x kFlceRecordWords fp32 */
+  int gx32 = -1;     /* vocabulary plans: chunk x H fp32, grad_x over the slices */
 };
 
 struct FlcePlan {
@@ -82,12 +85,21 @@ struct FlcePlan {
    * accumulator per chunk: chosen where it takes no more scratch than the
    * accumulator plan would (single rank only). */
   bool hold = false;
+  /* The vocabulary plan: tiles of chunk_rows tokens x slice_cols classes
+   * (two passes over the slices of each token chunk, flce_compute.cpp);
+   * otherwise slices = 1, slice_cols = V. */
+  bool vocab = false;
+  int64_t slice_cols = 0, slices = 1;
+  /* The cost model's estimate of the call, in units of its floor (the
+   * three GEMMs over all tokens; one without gradients). */
+  double cost = 0.0;
   ScratchPlan scratch;
   FlceSlots slots;
 };
 
-/* Chooses the chunk size from the budget and lays out the scratch. Throws
- * OSFT_STATUS_OUT_OF_MEMORY if one row does not fit. */
+/* Chooses the plan (token chunks or vocabulary tiles, opts.chunking) and
+ * its sizes from the budget and lays out the scratch. Throws
+ * OSFT_STATUS_OUT_OF_MEMORY if no plan fits. */
 FlcePlan plan_call(const Flce &f, const FlceCall &call);
 
 /* The number of ranks W is sharded over (1: the single-rank path). */

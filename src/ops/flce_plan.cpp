@@ -1,6 +1,8 @@
 /* Fused linear cross-entropy: validating a call's tensors (before anything
  * is written) and choosing the chunk size from the memory budget. */
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -172,6 +174,15 @@ osfti_dtype_t grad_dtype_of(const Flce &f, const FlceCall &c) {
   return flce_kernels(*f.ctx).bf16_gemm ? c.w.dtype : OSFTI_F32;
 }
 
+/* The totals and the per-token results: every plan has them. */
+void add_token_slots(const FlceCall &c, ScratchPlan &p, FlceSlots &s) {
+  static_assert(sizeof(FlceTotals) % sizeof(int64_t) == 0, "totals are 8-byte words");
+  s.totals = p.add_mat(1, sizeof(FlceTotals) / sizeof(int64_t), OSFTI_I64);
+  s.token_loss = p.add_mat(1, c.m, OSFTI_F32);
+  s.token_z = p.add_mat(1, c.m, OSFTI_F32);
+  s.token_argmax = p.add_mat(1, c.m, OSFTI_I64);
+}
+
 /* Adds every scratch buffer of a call with `rows` rows per chunk; the fp32
  * gradient accumulators only when `accumulators` (several chunks); with
  * `hold`, the gradients of all M rows (and x widened for all of them)
@@ -179,12 +190,8 @@ osfti_dtype_t grad_dtype_of(const Flce &f, const FlceCall &c) {
  * gradients are narrower than the fp32 logits. */
 FlceSlots add_slots(const Flce &f, const FlceCall &c, int64_t rows, ScratchPlan &p,
                     bool accumulators, bool hold = false) {
-  static_assert(sizeof(FlceTotals) % sizeof(int64_t) == 0, "totals are 8-byte words");
   FlceSlots s;
-  s.totals = p.add_mat(1, sizeof(FlceTotals) / sizeof(int64_t), OSFTI_I64);
-  s.token_loss = p.add_mat(1, c.m, OSFTI_F32);
-  s.token_z = p.add_mat(1, c.m, OSFTI_F32);
-  s.token_argmax = p.add_mat(1, c.m, OSFTI_I64);
+  add_token_slots(c, p, s);
   const bool widen = widens(f, c);
   const bool fp32_acc =
       !hold && accumulators && f.opts.accumulator == OSFT_FLCE_ACCUMULATOR_FP32;
@@ -310,25 +317,17 @@ size_t call_budget(const Flce &f, size_t fixed, const char **bound) {
   return budget;
 }
 
-/* Rows per chunk within the budget, with the accumulators' fixed scratch. */
-void choose_chunks(const Flce &f, const FlceCall &c, size_t fixed, size_t per_row,
-                   const char *bound, FlcePlan &plan) {
-  const size_t least = fixed + (c.m > 0 ? per_row : 0);
-  if (plan.budget < least)
-    raise(OSFT_STATUS_OUT_OF_MEMORY,
-          "%s: %zu bytes; this call needs at least %zu (%zu fixed + %zu per chunk row)",
-          bound, plan.budget, least, fixed, per_row);
-  if (c.m == 0) return;
+/* Rows per chunk within the budget, with the accumulators' fixed scratch;
+ * false if not even one row fits. */
+bool choose_chunks(const Flce &f, const FlceCall &c, size_t fixed, size_t per_row,
+                   FlcePlan &plan) {
+  if (plan.budget < fixed + (c.m > 0 ? per_row : 0)) return false;
+  if (c.m == 0) return true;
   const int64_t cap = static_cast<int64_t>(
       std::min<size_t>((plan.budget - fixed) / per_row, static_cast<size_t>(c.m)));
-  if (cap < std::min<int64_t>(c.m, kEfficientRows))
-    log_message(OSFT_LOG_WARN,
-                "flce: %s of %zu bytes allows only %lld rows per chunk; GEMMs lose "
-                "efficiency below about %lld rows",
-                bound, plan.budget, static_cast<long long>(cap),
-                static_cast<long long>(kEfficientRows));
   plan.chunk_rows = choose_rows(c.m, cap, f.opts.chunk_rows);
   plan.chunks = (c.m + plan.chunk_rows - 1) / plan.chunk_rows;
+  return true;
 }
 
 /* A plan in several chunks sums grad_W per chunk into a V x H buffer (the
@@ -371,38 +370,264 @@ bool try_hold(const Flce &f, const FlceCall &c, FlcePlan &plan, bool compare) {
   return true;
 }
 
-}  // namespace
-
-FlcePlan plan_call(const Flce &f, const FlceCall &c) {
-  const size_t fixed = fixed_bytes(f, c, true);
+/* The scratch of one more row of a token chunk. */
+size_t token_row_bytes(const Flce &f, const FlceCall &c) {
   const int ranks = vocab_ranks(f);
-  const size_t per_row =
-      static_cast<size_t>(padded_vocab(c.v)) * sizeof(float) +
-      (ranks > 1 ? (ranks + 1) * kFlceRecordWords * sizeof(float) : 0) +
-      (widens(f, c) ? static_cast<size_t>(c.h) * sizeof(float) : 0);
-  FlcePlan plan;
-  const char *bound = nullptr;
-  plan.budget = call_budget(f, fixed, &bound);
-  const bool one = fits_one_chunk(f, c, plan.budget, per_row);
-  if (one) {
+  return static_cast<size_t>(padded_vocab(c.v)) * sizeof(float) +
+         (ranks > 1 ? (ranks + 1) * kFlceRecordWords * sizeof(float) : 0) +
+         (widens(f, c) ? static_cast<size_t>(c.h) * sizeof(float) : 0);
+}
+
+/* The token plan: one chunk, held gradients, or chunks summing grad_W;
+ * false if not even one row fits the budget. */
+bool plan_tokens(const Flce &f, const FlceCall &c, FlcePlan &plan) {
+  const size_t fixed = fixed_bytes(f, c, true);
+  const size_t per_row = token_row_bytes(f, c);
+  if (fits_one_chunk(f, c, plan.budget, per_row)) {
     plan.chunk_rows = c.m;
     plan.chunks = 1;
     plan.slots = add_slots(f, c, plan.chunk_rows, plan.scratch, false);
   } else if (plan.budget < fixed + per_row && try_hold(f, c, plan, false)) {
     /* the accumulators do not fit, the held gradients do */
   } else {
-    choose_chunks(f, c, fixed, per_row, bound, plan); /* throws if nothing fits */
+    if (!choose_chunks(f, c, fixed, per_row, plan)) return false;
     plan.slots = add_slots(f, c, plan.chunk_rows, plan.scratch, true);
     try_hold(f, c, plan, true);
   }
+  plan.slice_cols = c.v;
+  return true;
+}
+
+/* ---- the vocabulary plan */
+
+/* Scratch of a vocabulary plan: tiles of `rows` tokens x `cols` classes,
+ * `sliced` when cols < V (grad_x is then summed over the slices), `chunked`
+ * when the tokens run in several tiles (or may, under vocab parallelism:
+ * the ranks take the fewest rows; grad_W is then summed over them). */
+FlceSlots add_vocab_slots(const Flce &f, const FlceCall &c, int64_t rows, int64_t cols,
+                          bool sliced, bool chunked, ScratchPlan &p) {
+  FlceSlots s;
+  add_token_slots(c, p, s);
+  const bool widen = widens(f, c);
+  const bool fp32_acc = f.opts.accumulator == OSFT_FLCE_ACCUMULATOR_FP32;
+  if (widen) s.w32 = p.add_mat(cols, c.h, OSFTI_F32); /* W's slice, per use */
+  if (chunked && fp32_acc && c.grad_w.data != nullptr && c.grad_w.dtype != OSFTI_F32)
+    s.gw32 = p.add_mat(c.v, c.h, OSFTI_F32);
+  if (chunked && fp32_acc && c.grad_b.data != nullptr && c.grad_b.dtype != OSFTI_F32)
+    s.gb32 = p.add_mat(1, c.v, OSFTI_F32);
+  if (sliced && fp32_acc && c.grad_x.data != nullptr && c.grad_x.dtype != OSFTI_F32)
+    s.gx32 = p.add_mat(rows, c.h, OSFTI_F32);
+  s.records = p.add_mat(2 * rows, kFlceRecordWords, OSFTI_F32);
+  const int ranks = vocab_ranks(f);
+  if (ranks > 1) s.gathered = p.add_mat(ranks * rows, kFlceRecordWords, OSFTI_F32);
+  s.logits = p.add_mat(rows, padded_vocab(cols), OSFTI_F32);
+  if (widen) s.x32 = p.add_mat(rows, c.h, OSFTI_F32);
+  return s;
+}
+
+/* The widest slice (a multiple of 16 classes, or V) whose tiles of `rows`
+ * tokens fit the budget; 0 if none does. */
+int64_t widest_slice(const Flce &f, const FlceCall &c, int64_t rows, bool chunked,
+                     size_t budget) {
+  const auto bytes = [&](int64_t cols) {
+    ScratchPlan p;
+    add_vocab_slots(f, c, rows, cols, cols < c.v, chunked, p);
+    return p.bytes();
+  };
+  if (bytes(c.v) <= budget) return c.v;
+  const size_t fixed = bytes(0) + 2 * ScratchPlan::alignment;
+  const size_t per16 =
+      16 * (static_cast<size_t>(rows) * sizeof(float) +
+            (widens(f, c) ? static_cast<size_t>(c.h) * sizeof(float) : 0));
+  if (budget < fixed + per16) return 0;
+  int64_t cols = static_cast<int64_t>((budget - fixed) / per16) * 16;
+  while (cols > 0 && bytes(cols) > budget) cols -= 16; /* alignment slack */
+  return std::min(cols, c.v);
+}
+
+/* Classes per slice: the caller's slice_cols if it fits, else as few slices
+ * as fit, balanced, rounded up to 16 classes where that still fits. */
+int64_t choose_cols(int64_t v, int64_t cap, int64_t wanted) {
+  if (wanted > 0 && wanted <= cap) return std::min(wanted, v);
+  const int64_t slices = (v + cap - 1) / cap;
+  int64_t cols = (v + slices - 1) / slices;
+  const int64_t rounded = (cols + 15) / 16 * 16;
+  if (rounded <= cap) cols = rounded;
+  return std::min(cols, v);
+}
+
+/* The cost model: a plan's time in flop-equivalents, every GEMM its flops
+ * plus the bytes it moves times the backend's flops per byte, every other
+ * pass its bytes alike. It assumes no overlap of the two, so it ranks plans
+ * (their GEMM shapes, and the traffic of small chunks: W read per chunk, a
+ * V x H read-modify-write per chunk, grad_x per slice) rather than predict
+ * times. */
+class Cost {
+ public:
+  Cost(const Flce &f, const FlceCall &c)
+      : balance_(flce_kernels(*f.ctx).flops_per_byte),
+        m_(static_cast<double>(c.m)),
+        v_(static_cast<double>(c.v)),
+        h_(static_cast<double>(c.h)) {
+    const bool bf16_ops = flce_kernels(*f.ctx).bf16_gemm && c.x.dtype == OSFTI_BF16;
+    op_ = bf16_ops ? 2.0 : 4.0;
+    g_ = grad_dtype_of(f, c) == OSFTI_F32 ? 4.0 : 2.0;
+    gx_ = c.grad_x.data == nullptr ? 0.0 : c.grad_x.dtype == OSFTI_F32 ? 4.0 : 2.0;
+    /* a bf16 C the GEMM cannot write (no bf16 GEMMs) is widened and narrowed */
+    gw_ = c.grad_w.data == nullptr                                         ? 0.0
+          : c.grad_w.dtype == OSFTI_F32 || !flce_kernels(*f.ctx).bf16_gemm ? 4.0
+                                                                           : 2.0;
+    widen_ = widens(f, c);
+    gemms_ = 1 + (gx_ > 0.0 ? 1 : 0) + (gw_ > 0.0 ? 1 : 0);
+    beta_x_ = c.beta_x != 0.0f;
+    beta_w_ = c.beta_w != 0.0f;
+  }
+
+  /* Reads and writes of C per GEMM over `n` GEMMs summing into it: the
+   * first reads it only when accumulating onto the caller's values. */
+  static double rmw(double n, bool beta) { return beta ? 2.0 : 2.0 - 1.0 / n; }
+
+  /* `count` GEMMs of m x n x k moving `bytes` each */
+  void gemm(double count, double m, double n, double k, double bytes) {
+    t_ += count * (2.0 * m * n * k + balance_ * bytes);
+  }
+  void pass(double count, double bytes) { t_ += count * balance_ * bytes; }
+  double over_floor() const { return t_ / (gemms_ * 2.0 * m_ * v_ * h_); }
+
+  /* A token plan of `chunks` chunks, holding g or summing grad_W per chunk. */
+  double tokens(const FlcePlan &p, bool want_grad, bool acc_in_scratch) {
+    const double n = static_cast<double>(p.chunks), r = m_ / n, m = m_, v = v_, h = h_;
+    if (widen_) pass(1, v * h * 6 + m * h * 6);
+    gemm(n, r, v, h, (r * h + v * h) * op_ + r * v * 4);
+    pass(n, r * v * (want_grad ? 8 + g_ : 4));
+    if (gx_ > 0.0)
+      gemm(n, r, h, v, r * v * g_ + v * h * op_ + r * h * gx_ * rmw(1, beta_x_));
+    const double c_w = v * h * gw_;
+    if (gw_ > 0.0 && p.hold)
+      gemm(1, v, h, m, m * v * g_ + m * h * op_ + c_w * rmw(1, beta_w_));
+    if (gw_ > 0.0 && !p.hold)
+      gemm(n, v, h, r, r * v * g_ + r * h * op_ + c_w * rmw(n, beta_w_));
+    if (acc_in_scratch) pass(1, v * h * 6);
+    return over_floor();
+  }
+
+  /* A vocabulary plan: tiles of r rows x w classes; the last slice of pass
+   * 1 stays in the buffer for pass 2 (one logits GEMM less per chunk). */
+  double vocab(const FlcePlan &p, bool want_grad) {
+    const double nt = static_cast<double>(p.chunks), ns = static_cast<double>(p.slices);
+    const double r = m_ / nt, w = v_ / ns, h = h_, tiles = nt * ns;
+    const double logits = want_grad ? 2 * tiles - nt : tiles;
+    gemm(logits, r, w, h, (r * h + w * h) * op_ + r * w * 4);
+    if (widen_) pass(1, logits * w * h * 6 + m_ * h * 6);
+    pass(tiles, r * w * 4); /* the records pass */
+    if (!want_grad) return over_floor();
+    pass(tiles, r * w * (4 + g_));
+    const double gx_acc = p.slots.gx32 >= 0 ? 4.0 : gx_;
+    if (gx_ > 0.0)
+      gemm(tiles, r, h, w, r * w * g_ + w * h * op_ + r * h * gx_acc * rmw(ns, beta_x_));
+    if (p.slots.gx32 >= 0) pass(nt, r * h * 6);
+    if (gw_ > 0.0)
+      gemm(tiles, w, h, r, r * w * g_ + r * h * op_ + w * h * gw_ * rmw(nt, beta_w_));
+    return over_floor();
+  }
+
+ private:
+  double balance_, m_, v_, h_;
+  double op_ = 4, g_ = 4, gx_ = 0, gw_ = 0;
+  bool widen_ = false;
+  int gemms_ = 3;
+  bool beta_x_ = false, beta_w_ = false;
+  double t_ = 0.0;
+};
+
+/* The cheapest vocabulary plan by the cost model over token tiles of M,
+ * M / 2, M / 4, ... rows (the caller's chunk_rows only, if set); false if
+ * none fits. `least` gets the smallest scratch any tile would take. */
+bool plan_vocab(const Flce &f, const FlceCall &c, FlcePlan &plan, size_t *least) {
+  *least = SIZE_MAX;
+  const int ranks = vocab_ranks(f);
+  bool found = false;
+  const int64_t m = std::max<int64_t>(c.m, 1);
+  /* the caller's chunk_rows: the first of them that fits */
+  int64_t rows = f.opts.chunk_rows > 0 ? std::min(f.opts.chunk_rows, m) : m;
+  for (;;) {
+    const int64_t chunks = (c.m + rows - 1) / rows;
+    const bool chunked = chunks > 1 || ranks > 1;
+    ScratchPlan smallest;
+    add_vocab_slots(f, c, rows, std::min<int64_t>(c.v, 16), c.v > 16, chunked, smallest);
+    *least = std::min(*least, smallest.bytes());
+    const int64_t cap = widest_slice(f, c, rows, chunked, plan.budget);
+    if (cap > 0) {
+      FlcePlan p;
+      p.budget = plan.budget;
+      p.vocab = true;
+      p.chunk_rows = c.m > 0 ? rows : 0;
+      p.chunks = chunks;
+      p.slice_cols = choose_cols(c.v, cap, f.opts.slice_cols);
+      p.slices = (c.v + p.slice_cols - 1) / p.slice_cols;
+      p.slots =
+          add_vocab_slots(f, c, rows, p.slice_cols, p.slices > 1, chunked, p.scratch);
+      p.cost = c.m > 0 ? Cost(f, c).vocab(p, c.want_grad()) : 0.0;
+      if (!found || p.cost < plan.cost) plan = p;
+      found = true;
+    }
+    if ((found && f.opts.chunk_rows > 0) || rows == 1) break;
+    rows = (rows + 1) / 2;
+  }
+  return found;
+}
+
+}  // namespace
+
+FlcePlan plan_call(const Flce &f, const FlceCall &c) {
+  FlcePlan tokens, vocab;
+  const char *bound = nullptr;
+  tokens.budget = vocab.budget = call_budget(f, fixed_bytes(f, c, true), &bound);
+  const osft_flce_chunking_t want = f.opts.chunking;
+  const bool have_tokens = want != OSFT_FLCE_CHUNKING_VOCAB && plan_tokens(f, c, tokens);
+  size_t least = SIZE_MAX;
+  const bool have_vocab =
+      want != OSFT_FLCE_CHUNKING_TOKENS && plan_vocab(f, c, vocab, &least);
+  if (have_tokens && c.m > 0)
+    tokens.cost = Cost(f, c).tokens(tokens, c.want_grad(),
+                                    tokens.slots.gw32 >= 0 || tokens.slots.gb32 >= 0);
+  if (!have_tokens && !have_vocab) {
+    if (want == OSFT_FLCE_CHUNKING_TOKENS) {
+      const size_t fixed = fixed_bytes(f, c, true), per_row = token_row_bytes(f, c);
+      raise(OSFT_STATUS_OUT_OF_MEMORY,
+            "%s: %zu bytes; this call needs at least %zu (%zu fixed + %zu per chunk row)",
+            bound, tokens.budget, fixed + per_row, fixed, per_row);
+    }
+    raise(OSFT_STATUS_OUT_OF_MEMORY,
+          "%s: %zu bytes; this call needs at least %zu (the smallest tile of the "
+          "vocabulary plan)",
+          bound, vocab.budget, least);
+  }
+  /* ties (e.g. one chunk either way) go to the token plan */
+  const bool use_vocab = !have_tokens || (have_vocab && vocab.cost < 0.98 * tokens.cost);
+  FlcePlan plan = use_vocab ? vocab : tokens;
+  if (!use_vocab && plan.chunk_rows < std::min<int64_t>(c.m, kEfficientRows) &&
+      !plan.hold)
+    log_message(OSFT_LOG_WARN,
+                "flce: %s of %zu bytes allows only %lld rows per chunk; GEMMs lose "
+                "efficiency below about %lld rows",
+                bound, plan.budget, static_cast<long long>(plan.chunk_rows),
+                static_cast<long long>(kEfficientRows));
+  char slices[96] = "";
+  if (plan.vocab)
+    std::snprintf(slices, sizeof slices, " x %lld slice(s) of %lld classes (vocabulary)",
+                  static_cast<long long>(plan.slices),
+                  static_cast<long long>(plan.slice_cols));
   log_message(OSFT_LOG_DEBUG,
-              "flce: M = %lld, V = %lld, H = %lld: %lld chunk(s) of %lld rows%s, %zu "
-              "bytes of scratch (bound %zu)",
+              "flce: M = %lld, V = %lld, H = %lld: %lld chunk(s) of %lld rows%s%s, %zu "
+              "bytes of scratch (bound %zu); model %.3f x the GEMMs (tokens %.3f, "
+              "vocabulary %.3f)",
               static_cast<long long>(c.m), static_cast<long long>(c.v),
               static_cast<long long>(c.h), static_cast<long long>(plan.chunks),
               static_cast<long long>(plan.chunk_rows),
-              plan.hold ? ", gradients held for one grad_W GEMM" : "",
-              plan.scratch.bytes(), plan.budget);
+              plan.hold ? ", gradients held for one grad_W GEMM" : "", slices,
+              plan.scratch.bytes(), plan.budget, plan.cost,
+              have_tokens ? tokens.cost : -1.0, have_vocab ? vocab.cost : -1.0);
   return plan;
 }
 

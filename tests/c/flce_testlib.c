@@ -25,18 +25,21 @@ flce_case base_case(int64_t m, int64_t h, int64_t v, tt_dtype dt) {
   c.grad_b_dtype = TT_F32;
   c.target_dtype = TT_I64;
   c.want = WANT_ALL;
+  c.chunking = flce_test_chunking();
+  c.slice_cols = c.chunking == OSFT_FLCE_CHUNKING_VOCAB ? flce_test_slice_cols(v) : 0;
   return c;
 }
 
 void describe(const flce_case *c, char *buf, size_t size) {
   snprintf(buf, size,
            "M=%lld H=%lld V=%lld %s bias=%d cw=%d up=%d ign=%.2f%s a=%g z=%g cap=%g "
-           "red=%d acc=%d chunk=%lld budget=%zu accum=%u gw=%d gb=%d",
+           "red=%d acc=%d chunk=%lld budget=%zu accum=%u gw=%d gb=%d plan=%d slice=%lld",
            (long long)c->m, (long long)c->h, (long long)c->v,
            c->dtype == TT_BF16 ? "bf16" : "fp32", c->bias, c->class_weights, c->upstream,
            c->ignored, c->all_ignored ? "(all)" : "", c->smoothing, c->z_scale,
            c->softcap, (int)c->reduction, (int)c->accumulator, (long long)c->chunk_rows,
-           c->budget, c->accumulate, (int)c->grad_w_dtype, (int)c->grad_b_dtype);
+           c->budget, c->accumulate, (int)c->grad_w_dtype, (int)c->grad_b_dtype,
+           (int)c->chunking, (long long)c->slice_cols);
 }
 
 ref_out reference(const flce_case *c, const double *x, const double *w, const double *b,
@@ -97,6 +100,31 @@ void case_options(const flce_case *c, osft_flce_options_t *o) {
   o->accumulator = c->accumulator;
   o->chunk_rows = c->chunk_rows;
   o->memory_budget = c->budget;
+  o->chunking = c->chunking;
+  o->slice_cols = c->slice_cols;
+}
+
+void expect_plan(osft_flce_t f, const flce_case *c, const osft_flce_inputs_t *in,
+                 const osft_flce_outputs_t *out, const char *name) {
+  if (c->chunking == OSFT_FLCE_CHUNKING_AUTO) return;
+  osft_flce_plan_t p;
+  p.struct_size = sizeof p;
+  assert_ok(osft_flce_get_plan(f, in, out, &p));
+  if (p.chunking != c->chunking)
+    fail_msg("%s: planned chunking %d, not the %d asked for", name, (int)p.chunking,
+             (int)c->chunking);
+  if (c->chunking != OSFT_FLCE_CHUNKING_VOCAB) return;
+  /* the asked-for slices whenever the budget allows */
+  const int64_t slices =
+      c->slice_cols > 0 ? (c->v + c->slice_cols - 1) / c->slice_cols : 0;
+  if (c->slice_cols > 0 && c->budget == 0 &&
+      (p.slice_cols != c->slice_cols || p.slices != slices))
+    fail_msg("%s: %lld slice(s) of %lld classes, not %lld of %lld", name,
+             (long long)p.slices, (long long)p.slice_cols, (long long)slices,
+             (long long)c->slice_cols);
+  if (p.slices * p.slice_cols < c->v || (p.slices - 1) * p.slice_cols >= c->v)
+    fail_msg("%s: %lld slice(s) of %lld classes do not tile V = %lld", name,
+             (long long)p.slices, (long long)p.slice_cols, (long long)c->v);
 }
 
 osft_flce_t make_flce(osft_context_t ctx, const flce_case *c) {
@@ -243,6 +271,7 @@ osft_status_t run_case_refusing(osft_context_t ctx, const flce_case *c,
   osft_flce_inputs_t in;
   osft_flce_outputs_t out;
   flce_bind(c, &T, &in, &out);
+  expect_plan(f, c, &in, &out, name);
   tt_snapshot before = {.n = 0}; /* only when allocations are refused */
   if (a != NULL) {
     tt *const outs[8] = {T.loss, T.dx, T.dw, T.db, T.z, T.acc, T.amax, T.tok};
@@ -312,4 +341,37 @@ osft_status_t run_case_refusing(osft_context_t ctx, const flce_case *c,
 
 void run_case(osft_context_t ctx, const flce_case *c) {
   assert_ok(run_case_refusing(ctx, c, NULL, -1, 0));
+}
+
+static void flce_counts_sink(void *user, osft_log_level_t level, const char *message) {
+  (void)level;
+  flce_counts *k = user;
+  const char *p = strstr(message, "flce: counts: ");
+  if (p == NULL) return;
+  flce_counts n = {0};
+  n.held = strstr(p, "(held)") != NULL;
+  n.slices = 1;
+  const char *sl = strstr(p, "chunk(s) x ");
+  if (sl != NULL && sscanf(sl, "chunk(s) x %lld vocabulary slices", &n.slices) != 1)
+    return;
+  const char *q = strstr(p, "chunk(s)");
+  q = q != NULL ? strchr(q, ':') : NULL;
+  if (sscanf(p, "flce: counts: %lld", &n.chunks) != 1 || q == NULL ||
+      sscanf(q + 1,
+             " %lld calls, %lld conversions (%lld elements), %lld V x H passes, %lld "
+             "host waits, %lld allocations",
+             &n.calls, &n.conversions, &n.converted, &n.vh_passes, &n.waits,
+             &n.allocations) != 6)
+    return;
+  n.lines = k->lines + 1;
+  *k = n;
+}
+
+flce_counts counted_case(osft_context_t ctx, const flce_case *c) {
+  flce_counts k = {0};
+  assert_ok(osft_set_log_callback(flce_counts_sink, &k, OSFT_LOG_DEBUG));
+  run_case(ctx, c);
+  assert_ok(osft_set_log_callback(NULL, NULL, OSFT_LOG_OFF));
+  assert_int_equal(k.lines, 1);
+  return k;
 }

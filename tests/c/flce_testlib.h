@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "flce_ref.h"
+#include "flce_test_plan.h"
 #include "test_tensors.h"
 #include "test_util.h"
 
@@ -46,8 +47,12 @@ typedef struct {
   tt_dtype grad_w_dtype, grad_b_dtype;
   tt_dtype target_dtype;
   unsigned want;
+  /* the plan (flce_test_plan.h: from the environment by default) */
+  osft_flce_chunking_t chunking;
+  int64_t slice_cols;
 } flce_case;
 
+/* Defaults, with the plan of the test run (flce_test_plan.h). */
 flce_case base_case(int64_t m, int64_t h, int64_t v, tt_dtype dt);
 
 void describe(const flce_case *c, char *buf, size_t size);
@@ -89,6 +94,12 @@ void case_options(const flce_case *c, osft_flce_options_t *o);
 
 osft_flce_t make_flce(osft_context_t ctx, const flce_case *c);
 
+/* The call's plan is the case's chunking (nothing to check for AUTO) and,
+ * for the vocabulary plan, its slices tile V (exactly slice_cols wide
+ * where the case sets no budget). */
+void expect_plan(osft_flce_t f, const flce_case *c, const osft_flce_inputs_t *in,
+                 const osft_flce_outputs_t *out, const char *name);
+
 /* All tensors of one case. */
 typedef struct {
   tt *x, *w, *b, *cw, *y, *gl;
@@ -125,5 +136,16 @@ void run_case(osft_context_t ctx, const flce_case *c);
  * is left on: the caller ends it with test_alloc_unrefuse(). */
 osft_status_t run_case_refusing(osft_context_t ctx, const flce_case *c,
                                 test_alloc_state *a, long granted, int device);
+
+/* ---- what a call counted: its "flce: counts:" debug line */
+
+typedef struct {
+  long long chunks, slices, calls, conversions, converted, vh_passes, waits, allocations;
+  int held, lines;
+} flce_counts;
+
+/* Runs a case (every output checked against the float64 reference) and
+ * returns what the call counted (slices: 1 for token chunks). */
+flce_counts counted_case(osft_context_t ctx, const flce_case *c);
 
 #endif

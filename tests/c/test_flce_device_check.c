@@ -68,6 +68,7 @@ static osft_flce_t new_flce(osft_context_t ctx, int device_check) {
   o.z_loss_scale = 1e-3;
   o.label_smoothing = 0.05;
   o.chunk_rows = 16;
+  flce_test_plan_options(&o, V);
   osft_flce_t f = NULL;
   assert_ok(osft_flce_create(ctx, &o, &f));
   osft_flce_options_t back;

@@ -280,6 +280,19 @@ static void test_options_and_handles(void **state) {
   assert_status(osft_flce_create(CTX, &o, &f), OSFT_STATUS_INVALID_ARGUMENT);
   assert_error_mentions("chunk_rows");
   assert_ok(OSFT_FLCE_OPTIONS_INIT(&o));
+  assert_int_equal(o.chunking, OSFT_FLCE_CHUNKING_AUTO); /* the defaults */
+  assert_int_equal(o.slice_cols, 0);
+  o.chunking = (osft_flce_chunking_t)3;
+  assert_status(osft_flce_create(CTX, &o, &f), OSFT_STATUS_INVALID_ARGUMENT);
+  assert_error_mentions("chunking");
+  o.chunking = (osft_flce_chunking_t)-1;
+  assert_status(osft_flce_create(CTX, &o, &f), OSFT_STATUS_INVALID_ARGUMENT);
+  assert_error_mentions("chunking");
+  assert_ok(OSFT_FLCE_OPTIONS_INIT(&o));
+  o.slice_cols = -16;
+  assert_status(osft_flce_create(CTX, &o, &f), OSFT_STATUS_INVALID_ARGUMENT);
+  assert_error_mentions("slice_cols");
+  assert_ok(OSFT_FLCE_OPTIONS_INIT(&o));
   o.struct_size = 5;
   assert_status(osft_flce_create(CTX, &o, &f), OSFT_STATUS_INVALID_STRUCT_SIZE);
   assert_status(osft_flce_create(NULL, NULL, &f), OSFT_STATUS_INVALID_HANDLE);
@@ -294,6 +307,8 @@ static void test_options_and_handles(void **state) {
   o.softcap = 30.0;
   o.reduction = OSFT_FLCE_SUM;
   o.memory_budget = 12345;
+  o.chunking = OSFT_FLCE_CHUNKING_VOCAB;
+  o.slice_cols = 48;
   assert_ok(osft_flce_create(CTX, &o, &f));
   osft_flce_options_t back;
   back.struct_size = sizeof back;

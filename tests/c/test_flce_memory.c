@@ -17,10 +17,12 @@
 #include "flce_testlib.h"
 #include "test_fixture.h"
 
-/* The budget decides the chunk size; what the call takes stays within it. */
+/* The budget decides the chunk size; what the call takes stays within it.
+ * Token chunks (test_flce_vocab.c plans the vocabulary). */
 static void test_budget_and_plan(void **state) {
   flce_case c = base_case(100, 8, 50, TT_F32);
   c.want = WANT_LOSS | WANT_DW;
+  c.chunking = OSFT_FLCE_CHUNKING_TOKENS;
   test_seed("budget");
   flce_tensors T = make_tensors(&c);
   osft_flce_inputs_t in;
@@ -107,6 +109,7 @@ static void test_refused_staging_still_computes(void **state) {
   c.bias = 1;
   c.chunk_rows = cuda ? 0 : 8;
   c.grad_b_dtype = TT_BF16;
+  c.chunking = OSFT_FLCE_CHUNKING_TOKENS; /* the staging of its bf16 grad_x GEMMs */
   test_alloc_state a;
   osft_context_t ctx = tt_counting_context(&a);
   run_case(ctx, &c);
@@ -176,6 +179,7 @@ static void test_one_chunk_needs_no_accumulator(void **state) {
   flce_case c = base_case(64, 24, 40, TT_BF16);
   c.bias = 1;
   c.grad_b_dtype = TT_BF16;
+  c.chunking = OSFT_FLCE_CHUNKING_TOKENS;
   test_seed("one chunk");
   flce_tensors T = make_tensors(&c);
   int64_t chunks = 0;
@@ -199,43 +203,8 @@ static void test_one_chunk_needs_no_accumulator(void **state) {
   assert_ok(osft_context_destroy(ctx));
 }
 
-/* ---- the fixed cost of a chunk, from the "flce: counts:" debug line */
-
-typedef struct {
-  long long chunks, calls, conversions, converted, vh_passes, waits, allocations;
-  int held, lines;
-} flce_counts;
-
-static void flce_counts_sink(void *user, osft_log_level_t level, const char *message) {
-  (void)level;
-  flce_counts *k = user;
-  const char *p = strstr(message, "flce: counts: ");
-  if (p == NULL) return;
-  flce_counts n = {0};
-  n.held = strstr(p, "(held)") != NULL;
-  const char *q = strstr(p, "chunk(s)");
-  q = q != NULL ? strchr(q, ':') : NULL;
-  if (sscanf(p, "flce: counts: %lld", &n.chunks) != 1 || q == NULL ||
-      sscanf(q + 1,
-             " %lld calls, %lld conversions (%lld elements), %lld V x H passes, %lld "
-             "host waits, %lld allocations",
-             &n.calls, &n.conversions, &n.converted, &n.vh_passes, &n.waits,
-             &n.allocations) != 6)
-    return;
-  n.lines = k->lines + 1;
-  *k = n;
-}
-
-/* Runs a case (every output checked against the float64 reference) and
- * returns what the call counted. */
-static flce_counts counted_case(osft_context_t ctx, const flce_case *c) {
-  flce_counts k = {0};
-  assert_ok(osft_set_log_callback(flce_counts_sink, &k, OSFT_LOG_DEBUG));
-  run_case(ctx, c);
-  assert_ok(osft_set_log_callback(NULL, NULL, OSFT_LOG_OFF));
-  assert_int_equal(k.lines, 1);
-  return k;
-}
+/* ---- the fixed cost of a chunk, from the "flce: counts:" debug line
+ * (flce_counts, counted_case: flce_testlib.h) */
 
 /* A chunk pays no fixed cost beyond its own launches: with bf16 gradients
  * and the fp32 accumulator, where the held gradients take no more scratch
@@ -250,6 +219,7 @@ static void test_chunk_overhead(void **state) {
   c.grad_b_dtype = TT_BF16;
   c.class_weights = 1;
   c.smoothing = 0.1;
+  c.chunking = OSFT_FLCE_CHUNKING_TOKENS; /* test_flce_vocab.c counts the other */
   test_seed("chunk overhead");
   c.chunk_rows = 8;
   const flce_counts four = counted_case(CTX, &c);
@@ -283,6 +253,7 @@ static void test_chunk_overhead(void **state) {
   assert_false(one.held);
   /* reduction NONE with per-token upstream gradients, ignored tokens, fp32 x */
   flce_case n = base_case(24, 128, 20, TT_F32);
+  n.chunking = OSFT_FLCE_CHUNKING_TOKENS;
   n.grad_w_dtype = TT_F32;
   n.reduction = OSFT_FLCE_NONE;
   n.upstream = 1;

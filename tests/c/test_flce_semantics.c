@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "flce_ref.h"
+#include "flce_test_plan.h"
 #include "test_fixture.h"
 #include "test_tensors.h"
 #include "test_util.h"
@@ -231,6 +232,7 @@ static void run_case(osft_context_t ctx, const sem_case *c, kept *keep) {
   o.softcap = c->cap ? kSoftcap : 0.0;
   o.reduction = c->red;
   o.chunk_rows = c->chunk_rows;
+  flce_test_plan_options(&o, V);
   osft_flce_t f;
   assert_ok(osft_flce_create(ctx, &o, &f));
 

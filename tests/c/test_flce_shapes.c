@@ -91,8 +91,11 @@ static void test_leading_dims_and_padding(void **state) {
   tt_poison(dw);
   tt_poison(tok);
   tt_poison(loss);
+  osft_flce_options_t o;
+  assert_ok(OSFT_FLCE_OPTIONS_INIT(&o));
+  flce_test_plan_options(&o, v);
   osft_flce_t f = NULL;
-  assert_ok(osft_flce_create(CTX, NULL, &f));
+  assert_ok(osft_flce_create(CTX, &o, &f));
   osft_flce_inputs_t in;
   osft_flce_outputs_t out;
   assert_ok(OSFT_FLCE_INPUTS_INIT(&in));

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "../c/flce_ref.h"
+#include "../c/flce_test_plan.h"
 #include "mpi_check.h"
 #include "osftrt/osftrt.h"
 
@@ -168,6 +169,7 @@ typedef struct {
   int chunk_by_rank; /* chunk_rows 5 + 3 * rank (else one chunk) */
   int padded_dx;     /* rank 0's grad_x has row padding */
   uint32_t accumulate;
+  int mixed_plans; /* rank 0 token chunks, the others vocabulary slices */
 } variant;
 
 /* Everything one call passes, on this rank. */
@@ -250,6 +252,13 @@ static osft_flce_t make_flce(const variant *v, int64_t off, int64_t global) {
   o.softcap = kSoftcap;
   o.reduction = v->reduction;
   o.chunk_rows = v->chunk_by_rank ? 5 + 3 * g_rank : 0;
+  int64_t shard_off = 0, shard_rows = 0;
+  shards(&shard_off, &shard_rows);
+  flce_test_plan_options(&o, shard_rows); /* the vocabulary plan slices its shard */
+  if (v->mixed_plans) {
+    o.chunking = g_rank == 0 ? OSFT_FLCE_CHUNKING_TOKENS : OSFT_FLCE_CHUNKING_VOCAB;
+    o.slice_cols = g_rank == 0 ? 0 : (shard_rows + 2) / 3;
+  }
   o.comm = g_comm;
   o.vocab_offset = off;
   o.vocab_size_global = global;
@@ -309,6 +318,14 @@ static void run_variant(const variant *v) {
     memset(db0, 0, sizeof(double) * V);
   }
   osft_flce_t f = make_flce(v, c.off, V);
+  osft_flce_plan_t plan;
+  plan.struct_size = sizeof plan;
+  OK(osft_flce_get_plan(f, &c.in, &c.out, &plan));
+  const osft_flce_chunking_t want = !v->mixed_plans ? flce_test_chunking()
+                                    : g_rank == 0   ? OSFT_FLCE_CHUNKING_TOKENS
+                                                    : OSFT_FLCE_CHUNKING_VOCAB;
+  CHECK(want == OSFT_FLCE_CHUNKING_AUTO || plan.chunking == want,
+        "%s: planned chunking %d", v->name, (int)plan.chunking);
   osft_comm_stats_t s0, s1;
   s0.struct_size = s1.struct_size = sizeof s0;
   OK(osft_comm_get_stats(g_comm, &s0));
@@ -458,6 +475,11 @@ int main(int argc, char **argv) {
       {"none-per-token-upstream-accumulate", OSFT_FLCE_NONE, 1, 1, 0,
        OSFT_FLCE_ACCUMULATE_ALL},
       {"mean-accumulate-padded", OSFT_FLCE_MEAN, 1, 0, 1, OSFT_FLCE_ACCUMULATE_ALL},
+      /* each rank plans its own shard: token chunks and vocabulary slices
+       * side by side give the same numbers */
+      {"mean-plans-and-chunks-differ-by-rank", OSFT_FLCE_MEAN, 1, 1, 0, 0, 1},
+      {"none-plans-differ-accumulate-padded", OSFT_FLCE_NONE, 1, 0, 1,
+       OSFT_FLCE_ACCUMULATE_ALL, 1},
   };
   for (size_t i = 0; i < sizeof variants / sizeof variants[0]; ++i)
     run_variant(&variants[i]);

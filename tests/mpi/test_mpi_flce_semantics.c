@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "../c/flce_ref.h"
+#include "../c/flce_test_plan.h"
 #include "mpi_check.h"
 #include "osftrt/osftrt.h"
 
@@ -221,6 +222,7 @@ static void run_case(const sem_case *c, double *keep) {
   o.softcap = c->cap ? kSoftcap : 0.0;
   o.reduction = c->red;
   o.chunk_rows = c->chunk_rows;
+  flce_test_plan_options(&o, vp); /* the vocabulary plan slices this shard */
   o.comm = g_comm;
   o.vocab_offset = off;
   o.vocab_size_global = V;
@@ -265,6 +267,13 @@ static void run_case(const sem_case *c, double *keep) {
   out.grad_x = &dx.t;
   out.grad_weight = &dw.t;
   out.grad_bias = c->bias ? &db.t : NULL;
+  osft_flce_plan_t plan;
+  plan.struct_size = sizeof plan;
+  OK(osft_flce_get_plan(f, &in, &out, &plan));
+  CHECK(flce_test_chunking() == OSFT_FLCE_CHUNKING_AUTO ||
+            (plan.chunking == flce_test_chunking() && plan.slices > 1),
+        "%s: planned chunking %d, %lld slice(s)", name, (int)plan.chunking,
+        (long long)plan.slices);
   const osft_status_t st = osft_flce_compute(f, &in, &out);
   CHECK(st == OSFT_STATUS_SUCCESS, "compute (%s): %s: %s", name, osft_status_string(st),
         osft_last_error());
