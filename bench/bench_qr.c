@@ -11,28 +11,33 @@
  *   loop      one matrix at a time, as a plain optimizer does it: LAPACK
  *             sgeqrf + sorgqr in place (OpenBLAS with its own threads) on
  *             the CPU; cuSOLVER sgeqrf + sorgqr on one stream on CUDA.
- *   osft      osft_qr_batch on the whole list in place, Householder and
- *             CholeskyQR2, with the default number of workers and with 1.
+ *   osft      osft_qr_batch on the whole list in place, each method
+ *             (Householder, CholeskyQR2 = shifted CholeskyQR3 in fp64, TF32),
+ *             with the default number of workers and with 1; the power step
+ *             with each method.
  *   power     one power-iteration step Q <- qr(A Q) for 96 pairs (--power):
  *             on the CPU the loop (GEMM then QR, one pair at a time) against
  *             osft_qr_power_iteration; on CUDA osft_qr_power_iteration
  *             against osft_qr_batch alone (PyTorch's power step is in
  *             bench/gpu/peers_torch.py).
  *
- *   bench_qr [--workload soap-gpt2-1024|soap-gpt2-2048] [--scale S]
- *            [--layers L] [--reps R] [--device cpu|cuda] [--power] [--quick]
- *            [--settle MS] [--csv FILE]
+ *   bench_qr [--workload soap-gpt2-1024|soap-gpt2-2048|soap-gpt2-2048-mlp8192]
+ *            [--scale S] [--layers L] [--reps R] [--device cpu|cuda] [--power]
+ *            [--quick] [--settle MS] [--csv FILE]
  *
  * --quick leaves out the two "1 worker" variants (GPU time: a round at
  * hidden 2048 is several seconds per variant).
  *
- * --workload soap-gpt2-H: the list of NeMo Emerging-Optimizers PR 118 (SOAP
- * on a 12-layer GPT-2-style model, hidden H, MLP 4H): per layer the two
- * Kronecker factors of c_attn (H x 3H), attn c_proj (H x H), c_fc
- * (H x 4H) and mlp c_proj (4H x H), i.e. square QRs of H, 3H, H, H, H, 4H,
- * 4H, H (96 in all; dimensions divided by --scale, default 1 on CUDA and 8
- * on the CPU), on SOAP's own inputs: P Q with P = U diag(lambda) U^T a
- * symmetric positive definite factor with the power-law spectrum
+ * --workload: the lists of NeMo Emerging-Optimizers PR 118 (SOAP on a
+ * 12-layer GPT-2-style model, hidden H, MLP F): per layer the two Kronecker
+ * factors of c_attn (H x 3H), attn c_proj (H x H), c_fc (H x F) and mlp
+ * c_proj (F x H), i.e. square QRs of H, 3H, H, H, H, F, F, H (96 in all;
+ * dimensions divided by --scale, default 1 on CUDA and 8 on the CPU).
+ * soap-gpt2-1024 is H 1024, F 4096 and soap-gpt2-2048 H 2048, F 4096, the
+ * PR's two lists (its words: "hidden=2048, mlp=4096": F is not 4H there);
+ * soap-gpt2-2048-mlp8192 (H 2048, F 8192, about 2.4x the flops) is the list
+ * this benchmark used as soap-gpt2-2048 before. The inputs are SOAP's own: P Q with P = U
+ * diag(lambda) U^T a symmetric positive definite factor with the power-law spectrum
  * lambda_k = (1 + k)^-alpha, alpha = ln(kappa) / ln(n) (so kappa(P) =
  * kappa, fast decay from the top), kappa = 1e4, 1e5, 1e6, 1e7 in turn
  * along the list, U a random orthogonal (LAPACK QR of a uniform random
@@ -107,10 +112,24 @@ typedef struct {
   int kappa_class[MAX_MATS]; /* --workload: kappa = 10^(4 + class) */
 } problem;
 
-/* Per layer, the sides of the 8 Kronecker factors in units of H/4 (SOAP's
- * GPT-2 list: c_attn H x 3H, attn c_proj H x H, c_fc H x 4H, mlp c_proj
- * 4H x H), or 0 for the default list. */
-static const int kSoapQuarters[8] = {4, 12, 4, 4, 4, 16, 16, 4};
+/* Per layer, the side of each of SOAP's 8 Kronecker factors (GPT-2:
+ * c_attn H x 3H, attn c_proj H x H, c_fc H x F, mlp c_proj F x H). */
+static int soap_side(int k, int hidden, int mlp) {
+  static const int kHiddens[8] = {1, 3, 1, 1, 1, 0, 0, 1}; /* 0: F */
+  return kHiddens[k] != 0 ? kHiddens[k] * hidden : mlp;
+}
+
+/* The --workload lists: name, hidden, MLP. */
+typedef struct {
+  const char *name;
+  int hidden, mlp;
+} soap_workload;
+
+static const soap_workload kWorkloads[] = {
+    {"soap-gpt2-1024", 1024, 4096},
+    {"soap-gpt2-2048", 2048, 4096},
+    {"soap-gpt2-2048-mlp8192", 2048, 8192},
+};
 
 /* host 0: the inputs live only on the GPU (built there): no host copies. */
 static void problem_make(problem *p, int layers, int hidden, int mlp, int soap,
@@ -118,7 +137,7 @@ static void problem_make(problem *p, int layers, int hidden, int mlp, int soap,
   memset(p, 0, sizeof *p);
   for (int l = 0; l < layers; ++l)
     for (int k = 0; k < 8 && p->count < MAX_MATS; ++k) {
-      const int d = soap ? kSoapQuarters[k] * hidden / 4 : k % 2 == 0 ? hidden : mlp;
+      const int d = soap ? soap_side(k, hidden, mlp) : k % 2 == 0 ? hidden : mlp;
       p->kappa_class[p->count] = p->count % 4;
       p->dims[p->count] = d;
       p->offset[p->count] = p->total;
@@ -809,25 +828,17 @@ static void time_power(variant reference, const problem *p, const run_args *r, F
                        const char *device, int scale, int hidden, int mlp, int reps) {
   run_args pw = osft_args(r, OSFT_QR_HOUSEHOLDER, 0);
   run_args pc = osft_args(r, OSFT_QR_CHOLESKY_QR2, 0);
-  variant pv[3] = {
+  run_args pt = osft_args(r, OSFT_QR_CHOLESKY_TF32, 0);
+  variant pv[4] = {
       reference,
-      {"power step: osft_qr_power_iteration",
-       run_power_osft,
-       prepare_inputs,
-       &pw,
-       {0},
-       0},
-      {"power step: osft_qr_power_iteration chol",
-       run_power_osft,
-       prepare_inputs,
-       &pc,
-       {0},
-       0},
+      {"power step: osft_qr_power_iteration", run_power_osft, prepare_inputs, &pw},
+      {"power step: osft_qr_power_iteration chol", run_power_osft, prepare_inputs, &pc},
+      {"power step: osft_qr_power_iteration tf32", run_power_osft, prepare_inputs, &pt},
   };
-  time_variants(pv, 3, reps);
-  for (int i = 0; i < 3; ++i) verify(&pv[i], p, r->cuda);
+  time_variants(pv, 4, reps);
+  for (int i = 0; i < 4; ++i) verify(&pv[i], p, r->cuda);
   printf("\n");
-  report(csv, device, scale, p, pv, 3, hidden, mlp, reps);
+  report(csv, device, scale, p, pv, 4, hidden, mlp, reps);
 }
 
 /* --workload: the power pairs are (P, Q) as built, the start Q in place of
@@ -893,9 +904,25 @@ static void power_cuda(problem *p, run_args *r, tensors *T, FILE *csv, int scale
 #endif
 
 typedef struct {
-  int scale, layers, reps, cuda, power, soap_hidden, quick;
+  int scale, layers, reps, cuda, power, soap_hidden, soap_mlp, quick;
   const char *csv_path;
 } bench_args;
+
+/* 1 if `name` is a --workload (sets its hidden and MLP sizes; "default":
+ * the older uniform-random list, 0 and 0). */
+static int parse_workload(const char *name, bench_args *a) {
+  if (!strcmp(name, "default")) {
+    a->soap_hidden = a->soap_mlp = 0;
+    return 1;
+  }
+  for (size_t w = 0; w < sizeof kWorkloads / sizeof kWorkloads[0]; ++w)
+    if (!strcmp(name, kWorkloads[w].name)) {
+      a->soap_hidden = kWorkloads[w].hidden;
+      a->soap_mlp = kWorkloads[w].mlp;
+      return 1;
+    }
+  return 0;
+}
 
 static int parse_args(int argc, char **argv, bench_args *a) {
   memset(a, 0, sizeof *a);
@@ -918,16 +945,13 @@ static int parse_args(int argc, char **argv, bench_args *a) {
     else if (!strcmp(argv[i], "--device") && i + 1 < argc)
       a->cuda = !strcmp(argv[++i], "cuda");
     else if (!strcmp(argv[i], "--workload") && i + 1 < argc &&
-             (!strcmp(argv[i + 1], "soap-gpt2-1024") ||
-              !strcmp(argv[i + 1], "soap-gpt2-2048") ||
-              !strcmp(argv[i + 1], "default"))) {
+             parse_workload(argv[i + 1], a))
       g_workload = argv[++i];
-      a->soap_hidden = !strcmp(g_workload, "default") ? 0 : atoi(g_workload + 10);
-    } else {
+    else {
       fprintf(stderr,
-              "usage: %s [--workload soap-gpt2-1024|soap-gpt2-2048] [--scale S] "
-              "[--layers L] [--reps R] [--device cpu|cuda] [--power] [--quick] "
-              "[--settle MS] [--csv FILE]\n",
+              "usage: %s [--workload soap-gpt2-1024|soap-gpt2-2048|"
+              "soap-gpt2-2048-mlp8192|default] [--scale S] [--layers L] [--reps R] "
+              "[--device cpu|cuda] [--power] [--quick] [--settle MS] [--csv FILE]\n",
               argv[0]);
       return 2;
     }
@@ -971,28 +995,22 @@ static void print_header(const bench_args *a, const problem *p, int hidden, int 
 /* The QR list: the loop against osft_qr_batch's variants. */
 static void time_batch(const bench_args *a, problem *p, run_args *r, FILE *csv,
                        int hidden, int mlp) {
-  run_args args[4] = {
-      osft_args(r, OSFT_QR_HOUSEHOLDER, 0), osft_args(r, OSFT_QR_HOUSEHOLDER, 1),
-      osft_args(r, OSFT_QR_CHOLESKY_QR2, 0), osft_args(r, OSFT_QR_CHOLESKY_QR2, 1)};
-  variant v[5] = {
-      {a->cuda ? "loop: cuSOLVER sgeqrf+sorgqr, one stream"
-               : "loop: LAPACK sgeqrf+sorgqr one at a time",
-       run_loop,
-       prepare_inputs,
-       r,
-       {0},
-       0},
-      {"osft_qr_batch householder", run_osft, prepare_inputs, &args[0], {0}, 0},
-      {"osft_qr_batch householder, 1 worker", run_osft, prepare_inputs, &args[1], {0}, 0},
-      {"osft_qr_batch cholesky", run_osft, prepare_inputs, &args[2], {0}, 0},
-      {"osft_qr_batch cholesky, 1 worker", run_osft, prepare_inputs, &args[3], {0}, 0},
-  };
-  /* --quick: without the 1-worker variants (v[2], v[4]) */
-  int nv = 5;
-  if (a->quick) {
-    v[2] = v[3];
-    nv = 3;
-  }
+  run_args args[6] = {
+      osft_args(r, OSFT_QR_HOUSEHOLDER, 0),   osft_args(r, OSFT_QR_HOUSEHOLDER, 1),
+      osft_args(r, OSFT_QR_CHOLESKY_QR2, 0),  osft_args(r, OSFT_QR_CHOLESKY_QR2, 1),
+      osft_args(r, OSFT_QR_CHOLESKY_TF32, 0), osft_args(r, OSFT_QR_CHOLESKY_TF32, 1)};
+  static const char *names[6] = {
+      "osft_qr_batch householder", "osft_qr_batch householder, 1 worker",
+      "osft_qr_batch cholesky",    "osft_qr_batch cholesky, 1 worker",
+      "osft_qr_batch tf32",        "osft_qr_batch tf32, 1 worker"};
+  variant v[7] = {{a->cuda ? "loop: cuSOLVER sgeqrf+sorgqr, one stream"
+                           : "loop: LAPACK sgeqrf+sorgqr one at a time",
+                   run_loop, prepare_inputs, r}};
+  /* --quick: without the 1-worker variants */
+  int nv = 1;
+  for (int k = 0; k < 6; ++k)
+    if (!a->quick || k % 2 == 0)
+      v[nv++] = (variant){names[k], run_osft, prepare_inputs, &args[k]};
   time_variants(v, nv, a->reps);
   for (int i = 0; i < nv; ++i) verify(&v[i], p, a->cuda);
   report(csv, a->cuda ? "cuda" : "cpu", a->scale, p, v, nv, hidden, mlp, a->reps);
@@ -1002,7 +1020,8 @@ int main(int argc, char **argv) {
   bench_args a;
   if (parse_args(argc, argv, &a) != 0) return 2;
   const int base_hidden = a.soap_hidden ? a.soap_hidden : 1024;
-  const int hidden = base_hidden / a.scale, mlp = 4 * base_hidden / a.scale;
+  const int base_mlp = a.soap_hidden ? a.soap_mlp : 4096;
+  const int hidden = base_hidden / a.scale, mlp = base_mlp / a.scale;
 
   problem p;
   /* CUDA with --workload: the inputs are built on the device, no host copy */

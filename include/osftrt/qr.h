@@ -35,6 +35,32 @@
  *     Householder (logged at OSFT_LOG_DEBUG). The result then meets the
  *     same accuracy as Householder. Small matrices on CUDA always use the
  *     batched Householder kernel, which is faster for them.
+ *   OSFT_QR_CHOLESKY_TF32  (since 1.2) the Cholesky path with its large
+ *     products on the tensor cores, for fp32 matrices: three passes of
+ *     G = W^T W as a TF32 GEMM (operands rounded to 10 mantissa bits,
+ *     products summed in fp32), R = chol(G + s I) in fp64 rounded to fp32,
+ *     W = W R^-1 solved by blocks of 256 columns whose updates are 3xTF32
+ *     GEMMs (each operand split into two TF32 parts: ~2^-20 relative) and
+ *     whose diagonal blocks are fp32 solves; the first two passes shifted
+ *     by s = sqrt(m) 2^-26 ||G||_F, the third not; then one pass with every
+ *     step in fp64, as the last pass of OSFT_QR_CHOLESKY_QR2. A TF32 Gram
+ *     matrix is the exact Gram matrix of the rounded W, so its rounding acts
+ *     like a small extra shift and does not make the factorization fail;
+ *     each shifted pass divides kappa by about ||A|| / sqrt(s) (~1e3 on
+ *     SOAP's inputs), and matrices up to kappa 1e7 reach the last pass
+ *     nearly orthogonal (||W^T W - I||_F <= 0.12 measured up to n = 2048,
+ *     SOAP's inputs and log-spaced spectra alike). The solves
+ *     are accurate to fp32 level, so Q R = A holds like Householder's, and
+ *     the fp64 last pass makes Q orthonormal to fp32 rounding. Four Cholesky
+ *     factorizations per matrix. The check and the fall-back are those of
+ *     OSFT_QR_CHOLESKY_QR2: a failed Cholesky factorization, or a loss of
+ *     orthogonality before the last pass beyond
+ *     opts->orthogonality_threshold, redoes that matrix with Householder.
+ *     fp64 matrices run OSFT_QR_CHOLESKY_QR2 unchanged. The CPU has no
+ *     TF32: it computes the same thing, rounding the operands to TF32 by
+ *     truncation (the coarser of the roundings a GPU may use) and
+ *     multiplying in fp32, and is slower there than OSFT_QR_CHOLESKY_QR2
+ *     (it exists on the CPU to be tested and to give the same results).
  * @endcode
  *
  * @par Execution
@@ -132,9 +158,12 @@ extern "C" {
 
 /** @brief How each matrix is factored. Values are fixed forever (ABI.md). */
 typedef enum osft_qr_method_e {
-  OSFT_QR_HOUSEHOLDER = 0, /**< blocked Householder: stable, the default */
-  OSFT_QR_CHOLESKY_QR2 = 1 /**< shifted CholeskyQR3 in fp64, checked, Householder
-                              fall-back */
+  OSFT_QR_HOUSEHOLDER = 0,  /**< blocked Householder: stable, the default */
+  OSFT_QR_CHOLESKY_QR2 = 1, /**< shifted CholeskyQR3 in fp64, checked, Householder
+                               fall-back */
+  OSFT_QR_CHOLESKY_TF32 = 2 /**< fp32: three CholeskyQR passes whose Gram
+                               matrices are TF32 GEMMs, then one fp64 pass;
+                               checked, Householder fall-back (since 1.2) */
 } osft_qr_method_t;
 
 /**
@@ -147,7 +176,8 @@ typedef struct osft_qr_options_s {
   size_t struct_size; /**< sizeof(osft_qr_options_t) as compiled */
   /** Default OSFT_QR_HOUSEHOLDER. */
   osft_qr_method_t method;
-  /** OSFT_QR_CHOLESKY_QR2 only: the largest loss of orthogonality before
+  /** OSFT_QR_CHOLESKY_QR2 and OSFT_QR_CHOLESKY_TF32 only: the largest loss
+   * of orthogonality before
    * the last pass, ||Q2^T Q2 - I||_F (Frobenius norm; Q2 = A R1^-1 R2^-1),
    * that is still accepted. It is read from the last pass's Gram matrix at
    * no extra cost. Below 1 it bounds kappa(Q2)^2 <= (1 + t) / (1 - t), and

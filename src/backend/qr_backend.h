@@ -7,6 +7,7 @@
 #ifndef OSFTRT_SRC_BACKEND_QR_BACKEND_H
 #define OSFTRT_SRC_BACKEND_QR_BACKEND_H
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -18,7 +19,12 @@
 
 namespace osft {
 
-enum class QrMethod { householder, cholesky_qr2 };
+enum class QrMethod { householder, cholesky_qr2, cholesky_tf32 };
+
+/* Both Cholesky paths share the check, the fall-back and the fp64 buffers. */
+constexpr bool qr_is_cholesky(QrMethod m) noexcept {
+  return m != QrMethod::householder;
+}
 
 /* Why a matrix failed, as bits (a job may collect several). */
 enum QrFlag : uint32_t {
@@ -138,12 +144,15 @@ struct QrBuffers {
   T *p = nullptr;        /* m x n: power iteration's current Q */
   T *tau = nullptr;      /* n: Householder scalars */
   T *sign = nullptr;     /* n: signs of diag(R); Cholesky: diag(R) in T */
-  T *r = nullptr;        /* n x n column-major: R */
+  T *r = nullptr;        /* n x n column-major: R; TF32 path: the fp32 Gram
+                            matrix, then factor, of a pass */
   T *work = nullptr;     /* lwork: the solver's workspace */
-  int *info = nullptr;   /* kCholeskyPasses: the Cholesky factorizations' info */
+  int *info = nullptr;   /* kMaxCholeskyPasses: the Cholesky factorizations' info */
   double *acc = nullptr; /* ||Q2^T Q2 - I||_F^2 (Cholesky) */
-  double *w64 = nullptr; /* m x n: w in fp64 (Cholesky) */
-  double *g = nullptr;   /* n x n: a Gram matrix, then its Cholesky factor */
+  double *w64 = nullptr; /* m x n: w in fp64 (Cholesky); TF32 path: w's TF32
+                            halves (2 m n floats) until widen() */
+  double *g = nullptr;   /* n x n: a Gram matrix, then its Cholesky factor;
+                            TF32 path: r's TF32 halves during a solve */
   double *r64 = nullptr; /* n x n: R = R3 R2 R1 (Cholesky, when R is wanted) */
   double *d64 = nullptr; /* n: diag(R), the product of the passes' diagonals */
   int64_t lwork = 0;
@@ -173,6 +182,41 @@ inline double cholesky_shift_factor(int64_t m, int64_t n) noexcept {
   return 11.0 * (md * nd + nd * (nd + 1.0)) * 0x1p-53;
 }
 
+/* The TF32 path (OSFT_QR_CHOLESKY_TF32, fp32 jobs): kTf32Passes passes whose
+ * Gram matrix is a TF32 GEMM, then the fp64 last pass of the sequence above.
+ * bench/results/qr_tensorcore_plan.md has the reasoning and the figures. */
+constexpr int kTf32Passes = 3;
+/* Cholesky factorizations (infos) a job may need: either path. */
+constexpr int kMaxCholeskyPasses = kTf32Passes + 1;
+static_assert(kMaxCholeskyPasses >= kCholeskyPasses, "info slots");
+
+/* Cholesky factorizations (infos) of a job of dtype T under `method`:
+ * run_cholesky_path's choice below. */
+template <class T>
+constexpr int qr_cholesky_passes(QrMethod m) noexcept {
+  return std::is_same<T, float>::value && m == QrMethod::cholesky_tf32
+             ? kMaxCholeskyPasses
+             : kCholeskyPasses;
+}
+
+/* s / ||G||_F of the TF32 path's shifted passes: sqrt(m) 2^-26. A TF32 Gram
+ * matrix is the exact Gram matrix of the rounded W (products of TF32
+ * numbers are exact in fp32), positive semidefinite up to the fp32
+ * summation: entry (i, j) off by ~2^-24 ||w_i|| ||w_j|| / sqrt(m) (a random
+ * walk of m terms), ~2^-23 sqrt(n / m) max_i ||w_i||^2 in norm, which the
+ * shift (>= 2^-26 sqrt(m) max_i ||w_i||^2) exceeds by m / (8 sqrt(n)): 8x
+ * at n = m = 4096 (a failed factorization falls back). Against ||G||_F
+ * rather than trace(G) (Fukaya et al.'s ||A||_F^2) the shift stays small
+ * for matrices with many large singular values, so each pass's gain, about
+ * ||A|| / sqrt(s), stays large: kappa 1e7 with log-spaced singular values
+ * reached the last pass at ||W^T W - I||_F 0.11 at n = 2048 (1.47 with the
+ * trace: a fall-back); SOAP's inputs, whose G has one dominant eigenvalue,
+ * gain alike. No factorization failed for kappa up to 1e7 at n = 160 ..
+ * 2048 (test_qr_numerics, and a prototype). */
+inline double tf32_shift_factor(int64_t m) noexcept {
+  return std::sqrt(static_cast<double>(m)) * 0x1p-26;
+}
+
 /* The sequence, written once; each backend supplies `ops` (on the CPU each
  * step returns false as soon as the matrix must fall back; on CUDA every
  * step returns true and the verdict is taken on the device):
@@ -197,13 +241,72 @@ bool shifted_cholesky_qr3(Ops &ops, int64_t m, int64_t n) {
   return ops.narrow();
 }
 
+/* Columns per block of the TF32 path's solve. */
+constexpr int64_t kTf32SolveBlock = 256;
+
+/* w = w r^-1 for the fp32 w (m x n) and the fp32 upper r, accurate to about
+ * 2^-20 (the solve defines Q: its error is the QR's backward error) yet
+ * with nearly all its flops on the tensor cores: left-looking by blocks of
+ * kTf32SolveBlock columns, each block first updated with the solved ones,
+ * w_J -= x_<J r_<J,J as three TF32 GEMMs on operands split into TF32
+ * halves (x = hi + lo, "3xTF32": hi hi + hi lo + lo hi), then solved with
+ * its diagonal block of r in fp32 (a strsm of m x 256). The steps:
+ *   split_r()              r into TF32 halves (the rows above each block)
+ *   update_3xtf32(j0, jb)  w[:, j0:j0+jb] -= x[:, :j0] r[:j0, j0:j0+jb]
+ *   solve_block(j0, jb)    w[:, j0:j0+jb] = w[:, j0:j0+jb] r_JJ^-1 (fp32)
+ *   split_w(j0, jb)        the solved block into TF32 halves */
+template <class Ops>
+void solve_3xtf32(Ops &ops, int64_t n) {
+  ops.split_r();
+  for (int64_t j0 = 0; j0 < n; j0 += kTf32SolveBlock) {
+    const int64_t jb = n - j0 < kTf32SolveBlock ? n - j0 : kTf32SolveBlock;
+    if (j0 > 0) ops.update_3xtf32(j0, jb);
+    ops.solve_block(j0, jb);
+    if (j0 + jb < n) ops.split_w(j0, jb);
+  }
+}
+
+/* The TF32 path: the same `ops`, plus steps on the fp32 w itself:
+ *   gram_tf32()            g = tf32(w)^T tf32(w), summed in fp32, into g
+ *   shift_by_norm(factor)  g += factor * ||g||_F * I
+ *   cholesky_tf32(pass)    g = chol(g) (info[pass]) rounded to fp32 into r
+ *                          and back into g (so that R accumulates the
+ *                          factor the solve uses)
+ *   solve_3xtf32's steps   w = w r^-1 (g is free by then: its halves of r)
+ * then widen() and one fp64 pass with the deviation check, as above. */
+template <class Ops>
+bool tf32_cholesky_qr(Ops &ops, int64_t m, int64_t n) {
+  for (int pass = 0; pass < kTf32Passes; ++pass) {
+    ops.gram_tf32();
+    if (pass < kTf32Passes - 1) ops.shift_by_norm(tf32_shift_factor(m));
+    if (!ops.cholesky_tf32(pass)) return false;
+    ops.accumulate_r(pass);
+    solve_3xtf32(ops, n);
+  }
+  ops.widen();
+  ops.gram();
+  if (!ops.deviation_ok()) return false;
+  if (!ops.cholesky(kTf32Passes)) return false;
+  ops.accumulate_r(kTf32Passes);
+  return ops.narrow();
+}
+
+/* Runs the job's Cholesky path; fp64 jobs take the fp64 one whatever the
+ * method (TF32 would only lose their precision). */
+template <class T, class Ops>
+bool run_cholesky_path(QrMethod method, Ops &ops, int64_t m, int64_t n) {
+  if constexpr (std::is_same<T, float>::value)
+    if (method == QrMethod::cholesky_tf32) return tf32_cholesky_qr(ops, m, n);
+  return shifted_cholesky_qr3(ops, m, n);
+}
+
 /* Lays out the buffers of `job` from `base` (nullptr: only counts) given
  * the backend's solver workspace `lwork`; returns the bytes used. */
 template <class T>
 size_t qr_carve(const QrJob &job, const QrCall &call, int64_t lwork, char *base,
                 QrBuffers<T> *out) {
   const size_t m = static_cast<size_t>(job.m()), n = static_cast<size_t>(job.n());
-  const bool chol = call.method == QrMethod::cholesky_qr2;
+  const bool chol = qr_is_cholesky(call.method);
   constexpr bool wide = std::is_same<T, double>::value;
   size_t offset = 0;
   auto take = [&](size_t bytes) -> void * {
@@ -221,7 +324,7 @@ size_t qr_carve(const QrJob &job, const QrCall &call, int64_t lwork, char *base,
   b.sign = static_cast<T *>(take(n * sizeof(T)));
   b.r = static_cast<T *>(take(n * n * sizeof(T)));
   b.work = static_cast<T *>(take(static_cast<size_t>(lwork) * sizeof(T)));
-  b.info = static_cast<int *>(take(kCholeskyPasses * sizeof(int)));
+  b.info = static_cast<int *>(take(kMaxCholeskyPasses * sizeof(int)));
   b.acc = static_cast<double *>(take(sizeof(double)));
   b.g = take64(n * n);
   b.d64 = take64(n);

@@ -84,11 +84,13 @@ void gemm_bf16_packed(Layout layout, Op op_a, int m, int n, int k, float alpha,
                       const bf16 *a, int lda, const void *packed_b, float beta, float *c,
                       int ldc) noexcept;
 
-/* Column-major fp64: c (n x n, upper) = a^T a, a m x n. */
+/* Column-major: c (n x n, upper) = a^T a, a m x n. */
 void syrk_upper_t(int n, int m, const double *a, int lda, double *c, int ldc) noexcept;
-/* Column-major fp64: b (m x n) = b r^-1, r upper n x n. */
+void syrk_upper_t(int n, int m, const float *a, int lda, float *c, int ldc) noexcept;
+/* Column-major: b (m x n) = b r^-1, r upper n x n. */
 void trsm_right_upper(int m, int n, const double *r, int ldr, double *b,
                       int ldb) noexcept;
+void trsm_right_upper(int m, int n, const float *r, int ldr, float *b, int ldb) noexcept;
 /* Column-major fp64: b (n x n) = r b, r upper n x n. */
 void trmm_left_upper(int n, const double *r, int ldr, double *b, int ldb) noexcept;
 

@@ -40,6 +40,13 @@ void trsm_right_upper(int m, int n, const double *r, int ldr, double *b,
   cblas_dtrsm(CblasColMajor, CblasRight, CblasUpper, CblasNoTrans, CblasNonUnit, m, n,
               1.0, r, ldr, b, ldb);
 }
+void syrk_upper_t(int n, int m, const float *a, int lda, float *c, int ldc) noexcept {
+  cblas_ssyrk(CblasColMajor, CblasUpper, CblasTrans, n, m, 1.0f, a, lda, 0.0f, c, ldc);
+}
+void trsm_right_upper(int m, int n, const float *r, int ldr, float *b, int ldb) noexcept {
+  cblas_strsm(CblasColMajor, CblasRight, CblasUpper, CblasNoTrans, CblasNonUnit, m, n,
+              1.0f, r, ldr, b, ldb);
+}
 void trmm_left_upper(int n, const double *r, int ldr, double *b, int ldb) noexcept {
   cblas_dtrmm(CblasColMajor, CblasLeft, CblasUpper, CblasNoTrans, CblasNonUnit, n, n, 1.0,
               r, ldr, b, ldb);

@@ -2,7 +2,10 @@
  * orgqr on a column-major copy in its
  * lane's scratch, so a failed job leaves its outputs untouched. The
  * Cholesky path (shifted CholeskyQR3, src/backend/qr_backend.h) runs in
- * fp64: dsyrk, dpotrf, dtrsm, on the build's engine (src/core/cpu_blas.h).
+ * fp64: dsyrk, dpotrf, dtrsm, on the build's engine (src/core/cpu_blas.h);
+ * the TF32 path's first passes emulate the tensor cores (TF32 operands by
+ * truncation, sums in fp32: ssyrk for the Gram matrix, sgemm on TF32
+ * halves for the 3xTF32 solve) around dpotrf and fp32 strsm blocks.
  * Lanes are threads; while more than one runs, the BLAS is held at one
  * thread: on
  * two cores, two single-threaded QRs side by side took 0.6x the time of
@@ -203,8 +206,32 @@ void check_info(li info, const char *routine) {
           static_cast<int>(-info));
 }
 
-/* The steps of shifted_cholesky_qr3 (src/backend/qr_backend.h) on the CPU:
- * each returns false as soon as the matrix must fall back. */
+/* x rounded to TF32 (10 explicit mantissa bits) by truncation: what a
+ * tensor core that ignores the low 13 bits of its fp32 operands multiplies;
+ * with round-to-nearest the error would be half as large. */
+inline float tf32(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  bits &= 0xffffe000u;
+  std::memcpy(&x, &bits, sizeof bits);
+  return x;
+}
+
+void round_to_tf32(const float *src, float *dst, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = tf32(src[i]);
+}
+
+/* x = hi + lo to ~2^-20, both TF32 (lo as the tensor core would read it). */
+void split_tf32(const float *x, float *hi, float *lo, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    hi[i] = tf32(x[i]);
+    lo[i] = tf32(x[i] - hi[i]);
+  }
+}
+
+/* The steps of shifted_cholesky_qr3 and tf32_cholesky_qr
+ * (src/backend/qr_backend.h) on the CPU: each returns false as soon as the
+ * matrix must fall back. */
 template <class T>
 class CpuCholesky {
  public:
@@ -221,16 +248,11 @@ class CpuCholesky {
     for (int64_t j = 0; j < n_; ++j) trace += b_.g[j + j * n_];
     for (int64_t j = 0; j < n_; ++j) b_.g[j + j * n_] += factor * trace;
   }
-  /* ||g - I||_F of the symmetric g whose upper triangle is stored. */
-  bool deviation_ok() const {
-    double sum = 0.0;
-    for (int64_t j = 0; j < n_; ++j)
-      for (int64_t i = 0; i <= j; ++i) {
-        const double v = b_.g[i + j * n_] - (i == j ? 1.0 : 0.0);
-        sum += (i == j ? 1.0 : 2.0) * v * v;
-      }
-    return std::sqrt(sum) <= threshold_;
+  void shift_by_norm(double factor) {
+    const double norm = distance(0.0);
+    for (int64_t j = 0; j < n_; ++j) b_.g[j + j * n_] += factor * norm;
   }
+  bool deviation_ok() const { return distance(1.0) <= threshold_; }
   bool cholesky(int) {
     li info = 0;
     potrf_upper(static_cast<li>(n_), b_.g, &info);
@@ -238,6 +260,50 @@ class CpuCholesky {
     if (info > 0) return false;
     solve_right_upper(static_cast<int>(m_), static_cast<int>(n_), b_.g, b_.w64);
     return true;
+  }
+  /* The TF32 path (fp32 jobs only). w64 holds the rounded copy of w, then
+   * w's TF32 halves (2 m n floats: its size); r the fp32 Gram matrix and
+   * factor; g, once accumulate_r() has read the factor, r's halves. None is
+   * used otherwise before widen() or narrow(). */
+  void gram_tf32() {
+    float *rounded = reinterpret_cast<float *>(b_.w64);
+    round_to_tf32(b_.w, rounded, m_ * n_);
+    blas::syrk_upper_t(static_cast<int>(n_), static_cast<int>(m_), rounded,
+                       static_cast<int>(m_), b_.r, static_cast<int>(n_));
+    for (int64_t j = 0; j < n_; ++j)
+      for (int64_t i = 0; i <= j; ++i) b_.g[i + j * n_] = b_.r[i + j * n_];
+  }
+  bool cholesky_tf32(int) {
+    li info = 0;
+    potrf_upper(static_cast<li>(n_), b_.g, &info);
+    check_info(info, "dpotrf");
+    if (info > 0) return false;
+    for (int64_t j = 0; j < n_; ++j)
+      for (int64_t i = 0; i <= j; ++i) {
+        b_.r[i + j * n_] = static_cast<float>(b_.g[i + j * n_]);
+        b_.g[i + j * n_] = b_.r[i + j * n_];
+      }
+    return true;
+  }
+  void split_r() { /* the upper triangle, column by column */
+    for (int64_t j = 0; j < n_; ++j)
+      split_tf32(b_.r + j * n_, r_hi() + j * n_, r_lo() + j * n_, j + 1);
+  }
+  void update_3xtf32(int64_t j0, int64_t jb) {
+    const float *a[3] = {w_lo(), w_hi(), w_hi()}, *b[3] = {r_hi(), r_lo(), r_hi()};
+    for (int t = 0; t < 3; ++t) /* the small terms first */
+      blas::gemm(blas::Layout::col, Op::N, Op::N, static_cast<int>(m_),
+                 static_cast<int>(jb), static_cast<int>(j0), -1.0f, a[t],
+                 static_cast<int>(m_), b[t] + j0 * n_, static_cast<int>(n_), 1.0f,
+                 b_.w + j0 * m_, static_cast<int>(m_));
+  }
+  void solve_block(int64_t j0, int64_t jb) {
+    blas::trsm_right_upper(static_cast<int>(m_), static_cast<int>(jb),
+                           b_.r + j0 + j0 * n_, static_cast<int>(n_), b_.w + j0 * m_,
+                           static_cast<int>(m_));
+  }
+  void split_w(int64_t j0, int64_t jb) {
+    split_tf32(b_.w + j0 * m_, w_hi() + j0 * m_, w_lo() + j0 * m_, m_ * jb);
   }
   void accumulate_r(int pass) {
     for (int64_t j = 0; j < n_; ++j)
@@ -261,6 +327,21 @@ class CpuCholesky {
   }
 
  private:
+  /* ||g - diagonal I||_F of the symmetric g whose upper triangle is stored. */
+  double distance(double diagonal) const {
+    double sum = 0.0;
+    for (int64_t j = 0; j < n_; ++j)
+      for (int64_t i = 0; i <= j; ++i) {
+        const double v = b_.g[i + j * n_] - (i == j ? diagonal : 0.0);
+        sum += (i == j ? 1.0 : 2.0) * v * v;
+      }
+    return std::sqrt(sum);
+  }
+  float *w_hi() const noexcept { return reinterpret_cast<float *>(b_.w64); }
+  float *w_lo() const noexcept { return w_hi() + m_ * n_; }
+  float *r_hi() const noexcept { return reinterpret_cast<float *>(b_.g); }
+  float *r_lo() const noexcept { return r_hi() + n_ * n_; }
+
   const Buffers<T> &b_;
   int64_t m_, n_;
   bool want_r_;
@@ -278,11 +359,11 @@ class Factorizer {
    * the job's flags. */
   template <class Fill>
   uint32_t factor(Fill &&fill) {
-    if (call_.method == QrMethod::cholesky_qr2) {
+    if (qr_is_cholesky(call_.method)) {
       if (!fill()) return kQrNonfiniteInput;
       const bool want_r = job_.r.data != nullptr && call_.iterations == 0;
       CpuCholesky<T> ops(b_, m_, n_, want_r, call_.ortho_threshold);
-      if (shifted_cholesky_qr3(ops, m_, n_)) {
+      if (run_cholesky_path<T>(call_.method, ops, m_, n_)) {
         const uint32_t f = diagonal_flags(b_.sign, 0, n_, job_.rank_tol);
         if (f != 0) return f;
         return all_finite(b_.w, m_ * n_) && (!want_r || all_finite(b_.r, n_ * n_))

@@ -7,7 +7,10 @@
  * with events. Per matrix, on its lane: a tiled transposing copy into a
  * column-major scratch matrix (checking for NaN/Inf), cuSOLVER geqrf +
  * orgqr (or the Cholesky path, shifted CholeskyQR3 in fp64: cuBLAS dsyrk,
- * cuSOLVER dpotrf, cuBLAS dtrsm, three times), checks of diag(R) and of
+ * cuSOLVER dpotrf, cuBLAS dtrsm, three times; or the TF32 path: three
+ * passes of a TF32 cublasGemmEx Gram matrix, dpotrf and a blocked solve
+ * (3xTF32 cublasGemmEx updates, fp32 strsm diagonal blocks), then the
+ * fp64 pass), checks of diag(R) and of
  * the result, and copies out that skip themselves on the device when the
  * job's flag says it failed, so a failed matrix's outputs are never
  * touched and nothing waits for the host: no job reads a status, queries
@@ -264,6 +267,30 @@ cublasStatus_t mul_left_upper(cublasHandle_t h, int n, const double *r, double *
   return cublasDtrmm(h, CUBLAS_SIDE_LEFT, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N,
                      CUBLAS_DIAG_NON_UNIT, n, n, &one, r, n, b, n, b, n);
 }
+/* The TF32 path's kernels. g32 (n x n, all of it) = w^T w for the fp32
+ * column-major m x n w, on the tensor cores in TF32 (cuBLAS rounds the
+ * operands to TF32 and sums in fp32). */
+cublasStatus_t gram_tf32(cublasHandle_t h, int m, int n, const float *w, float *g32) {
+  const float one = 1.0f, zero = 0.0f;
+  return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, m, &one, w, CUDA_R_32F, m, w,
+                      CUDA_R_32F, m, &zero, g32, CUDA_R_32F, n,
+                      CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+}
+/* w (m x n, ld m) = w r^-1 in fp32, r upper n x n with leading dimension ldr */
+cublasStatus_t solve_right_upper(cublasHandle_t h, int m, int n, const float *r, int ldr,
+                                 float *w) {
+  const float one = 1.0f;
+  return cublasStrsm(h, CUBLAS_SIDE_RIGHT, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N,
+                     CUBLAS_DIAG_NON_UNIT, m, n, &one, r, ldr, w, m);
+}
+/* c (m x n, ld m) -= a (m x k, ld m) b (k x n, ld ldb), one TF32 GEMM */
+cublasStatus_t subtract_product_tf32(cublasHandle_t h, int m, int n, int k,
+                                     const float *a, const float *b, int ldb, float *c) {
+  const float minus = -1.0f, one = 1.0f;
+  return cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &minus, a, CUDA_R_32F, m, b,
+                      CUDA_R_32F, ldb, &one, c, CUDA_R_32F, m,
+                      CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
+}
 /* out (column-major m x n) = A q, A row-major m x m = column-major A^T */
 cublasStatus_t product(cublasHandle_t h, int m, int n, const float *a, int lda,
                        const float *q, float *out) {
@@ -353,7 +380,7 @@ size_t carve(Context &ctx, const QrJob &job, const QrCall &call, char *base,
              Buffers<T> *out) {
   const int lwork =
       solver_lwork<T>(ctx, static_cast<int>(job.m()), static_cast<int>(job.n()),
-                      call.method == QrMethod::cholesky_qr2);
+                      qr_is_cholesky(call.method));
   return kLaneBlasWorkspace +
          qr_carve<T>(job, call, lwork,
                      base != nullptr ? base + kLaneBlasWorkspace : nullptr, out);
@@ -366,14 +393,15 @@ template <class T>
 class CudaCholesky {
  public:
   CudaCholesky(const Lane &lane, const Buffers<T> &b, const QrJob &job, bool want_r,
-               double threshold, uint32_t *flag)
+               const QrCall &call, uint32_t *flag)
       : lane_(lane),
         b_(b),
         job_(job),
         m_(job.m()),
         n_(job.n()),
         want_r_(want_r),
-        threshold_(threshold),
+        threshold_(call.ortho_threshold),
+        passes_(qr_cholesky_passes<T>(call.method)),
         flag_(flag) {}
 
   void widen() {
@@ -385,19 +413,56 @@ class CudaCholesky {
   }
   void shift(double factor) { kq::launch_shift_diagonal(lane_.stream, b_.g, n_, factor); }
   bool deviation_ok() {
-    check_cuda(cudaMemsetAsync(b_.acc, 0, sizeof(double), lane_.stream),
-               "cudaMemsetAsync");
-    kq::launch_gram_deviation(lane_.stream, OSFTI_F64, b_.g, n_, b_.acc);
+    squared_distance(1.0);
     return true;
   }
+  void shift_by_norm(double factor) { /* acc is free until deviation_ok() */
+    squared_distance(0.0);
+    kq::launch_shift_diagonal_norm(lane_.stream, b_.g, n_, factor, b_.acc);
+  }
   bool cholesky(int pass) {
-    const int lwork64 = static_cast<int>(b_.lwork * static_cast<int64_t>(sizeof(T)) /
-                                         static_cast<int64_t>(sizeof(double)));
     check_solver(potrf(lane_.solver, n(), b_.g, reinterpret_cast<double *>(b_.work),
-                       lwork64, b_.info + pass),
+                       lwork64(), b_.info + pass),
                  "cusolverDn dpotrf");
     check_blas(solve_right_upper(lane_.blas, m(), n(), b_.g, b_.w64), "cublas dtrsm");
     return true;
+  }
+  /* The TF32 path (fp32 jobs only): r holds the fp32 Gram matrix, then
+   * factor; w64 w's TF32 halves (2 m n floats: its size); g, once
+   * accumulate_r() has read the factor, r's halves. None is used otherwise
+   * before widen() or narrow(). */
+  void gram_tf32() {
+    check_blas(osft::gram_tf32(lane_.blas, m(), n(), b_.w, b_.r), "cublasGemmEx (TF32)");
+    kq::launch_convert(lane_.stream, OSFTI_F32, b_.r, OSFTI_F64, b_.g, n_ * n_);
+  }
+  bool cholesky_tf32(int pass) {
+    check_solver(potrf(lane_.solver, n(), b_.g, reinterpret_cast<double *>(b_.work),
+                       lwork64(), b_.info + pass),
+                 "cusolverDn dpotrf");
+    /* R rounded to fp32 for the solve, and g = that R for accumulate_r */
+    kq::launch_convert(lane_.stream, OSFTI_F64, b_.g, OSFTI_F32, b_.r, n_ * n_);
+    kq::launch_convert(lane_.stream, OSFTI_F32, b_.r, OSFTI_F64, b_.g, n_ * n_);
+    return true;
+  }
+  void split_r() {
+    kq::launch_split_tf32(lane_.stream, f32(b_.r), r_hi(), r_lo(), n_ * n_);
+  }
+  void update_3xtf32(int64_t j0, int64_t jb) {
+    const float *a[3] = {w_lo(), w_hi(), w_hi()}, *b[3] = {r_hi(), r_lo(), r_hi()};
+    for (int t = 0; t < 3; ++t) /* the small terms first */
+      check_blas(subtract_product_tf32(lane_.blas, m(), static_cast<int>(jb),
+                                       static_cast<int>(j0), a[t], b[t] + j0 * n_, n(),
+                                       f32(b_.w) + j0 * m_),
+                 "cublasGemmEx (3xTF32)");
+  }
+  void solve_block(int64_t j0, int64_t jb) {
+    check_blas(solve_right_upper(lane_.blas, m(), static_cast<int>(jb),
+                                 f32(b_.r) + j0 + j0 * n_, n(), f32(b_.w) + j0 * m_),
+               "cublas strsm");
+  }
+  void split_w(int64_t j0, int64_t jb) {
+    kq::launch_split_tf32(lane_.stream, f32(b_.w) + j0 * m_, w_hi() + j0 * m_,
+                          w_lo() + j0 * m_, m_ * jb);
   }
   void accumulate_r(int pass) {
     kq::launch_diagonal_product(lane_.stream, b_.g, n_, b_.d64, pass == 0);
@@ -415,8 +480,7 @@ class CudaCholesky {
   /* Q, diag(R) (into sign) and R in T, then the checks: an fp64 value
    * beyond fp32's range becomes Inf and is reported as an overflow. */
   bool narrow() {
-    kq::launch_cholqr2_verdict(lane_.stream, b_.info, kCholeskyPasses, b_.acc, threshold_,
-                               flag_);
+    kq::launch_cholqr2_verdict(lane_.stream, b_.info, passes_, b_.acc, threshold_, flag_);
     kq::launch_convert(lane_.stream, OSFTI_F64, b_.d64, dtype(), b_.sign, n_);
     kq::launch_diagonal(lane_.stream, dtype(), b_.sign, 0, n_, nullptr, flag_,
                         job_.rank_tol);
@@ -433,6 +497,23 @@ class CudaCholesky {
  private:
   static constexpr bool kNarrow = !std::is_same<T, double>::value;
   osfti_dtype_t dtype() const noexcept { return job_.q.dtype; }
+  /* acc = ||g - diagonal I||_F^2 (g symmetric, its upper triangle read) */
+  void squared_distance(double diagonal) {
+    check_cuda(cudaMemsetAsync(b_.acc, 0, sizeof(double), lane_.stream),
+               "cudaMemsetAsync");
+    kq::launch_gram_deviation(lane_.stream, OSFTI_F64, b_.g, n_, diagonal, b_.acc);
+  }
+  /* The TF32 path's views (fp32 jobs only; T is float there). */
+  static float *f32(T *p) noexcept { return reinterpret_cast<float *>(p); }
+  float *w_hi() const noexcept { return reinterpret_cast<float *>(b_.w64); }
+  float *w_lo() const noexcept { return w_hi() + m_ * n_; }
+  float *r_hi() const noexcept { return reinterpret_cast<float *>(b_.g); }
+  float *r_lo() const noexcept { return r_hi() + n_ * n_; }
+  /* The solver workspace in doubles (it is sized in elements of T). */
+  int lwork64() const noexcept {
+    return static_cast<int>(b_.lwork * static_cast<int64_t>(sizeof(T)) /
+                            static_cast<int64_t>(sizeof(double)));
+  }
   int m() const noexcept { return static_cast<int>(m_); }
   int n() const noexcept { return static_cast<int>(n_); }
   void check_finite(kq::View v, bool upper) {
@@ -450,6 +531,7 @@ class CudaCholesky {
   int64_t m_, n_;
   bool want_r_;
   double threshold_;
+  int passes_; /* Cholesky infos the verdict reads */
   uint32_t *flag_;
 };
 
@@ -524,8 +606,8 @@ class JobRunner {
    * R into b_.r when wanted. */
   void factor(bool want_r) {
     if (cholesky_) {
-      CudaCholesky<T> ops(lane_, b_, job_, want_r, call_.ortho_threshold, flag_);
-      shifted_cholesky_qr3(ops, m_, n_);
+      CudaCholesky<T> ops(lane_, b_, job_, want_r, call_, flag_);
+      run_cholesky_path<T>(call_.method, ops, m_, n_);
       return;
     }
     check_solver(geqrf(lane_.solver, m(), n(), b_.w, b_.tau, b_.work, lwork(), b_.info),
@@ -679,7 +761,7 @@ void cuda_run(Context &ctx, const QrCall &call, void *scratch, uint32_t *flags) 
   SyncOnExit sync(stream_of(ctx)); /* before descs and flags may go */
   check_cuda(cudaMemsetAsync(s.flags, 0, call.count * sizeof(uint32_t), stream_of(ctx)),
              "cudaMemsetAsync");
-  const bool cholesky = call.method == QrMethod::cholesky_qr2;
+  const bool cholesky = qr_is_cholesky(call.method);
   bool read = false; /* flags already hold the final verdicts */
   if (small_jobs(call) == call.count) {
     run_small(ctx, call, s, descs);

@@ -155,7 +155,8 @@ __global__ void diagonal_kernel(const T *w, int64_t ld, int64_t n, T *signs,
 }
 
 template <class T>
-__global__ void gram_deviation_kernel(const T *g, int64_t n, double *acc) {
+__global__ void gram_deviation_kernel(const T *g, int64_t n, double diagonal,
+                                      double *acc) {
   __shared__ double red[kWarps + 1];
   double sum = 0.0;
   const int64_t total = n * n;
@@ -163,7 +164,7 @@ __global__ void gram_deviation_kernel(const T *g, int64_t n, double *acc) {
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = e % n, j = e / n;
     if (i > j) continue;
-    const double v = static_cast<double>(g[e]) - (i == j ? 1.0 : 0.0);
+    const double v = static_cast<double>(g[e]) - (i == j ? diagonal : 0.0);
     sum += (i == j ? 1.0 : 2.0) * v * v;
   }
   sum = block_reduce(sum, Op::sum, red);
@@ -186,6 +187,15 @@ __global__ void convert_kernel(const S *src, D *dst, int64_t count) {
     dst[e] = static_cast<D>(src[e]);
 }
 
+/* g_jj += factor * sqrt(*squared_norm) */
+__global__ void shift_diagonal_norm_kernel(double *g, int64_t n, double factor,
+                                           const double *squared_norm) {
+  const double s = factor * sqrt(*squared_norm);
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < n;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    g[j + j * n] += s;
+}
+
 /* One block: g_jj += factor * trace(g); every read of the diagonal happens
  * before the first write (block_reduce synchronizes). */
 __global__ void shift_diagonal_kernel(double *g, int64_t n, double factor) {
@@ -201,6 +211,19 @@ __global__ void diagonal_product_kernel(const double *g, int64_t n, double *d,
   for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < n;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x)
     d[j] = first ? g[j + j * n] : d[j] * g[j + j * n];
+}
+
+/* The TF32 path's 3xTF32 operands: hi = x with its low 13 mantissa bits
+ * cleared (a TF32 number, which the tensor core multiplies exactly), lo =
+ * x - hi (exact in fp32; the tensor core reads it as TF32). */
+__global__ void split_tf32_kernel(const float *x, float *hi, float *lo, int64_t count) {
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < count;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = x[e];
+    const float h = __uint_as_float(__float_as_uint(v) & 0xffffe000u);
+    hi[e] = h;
+    lo[e] = v - h;
+  }
 }
 
 unsigned elementwise_blocks(int64_t count) {
@@ -456,13 +479,13 @@ void launch_diagonal(cudaStream_t stream, osfti_dtype_t dtype, const void *w, in
 }
 
 void launch_gram_deviation(cudaStream_t stream, osfti_dtype_t dtype, const void *g,
-                           int64_t n, double *acc) {
+                           int64_t n, double diagonal, double *acc) {
   const int64_t blocks = std::min<int64_t>((n * n + kThreads - 1) / kThreads, 1024);
   with_type(dtype, [&](auto tag) {
     using T = decltype(tag);
     gram_deviation_kernel<T>
         <<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kThreads, 0, stream>>>(
-            static_cast<const T *>(g), n, acc);
+            static_cast<const T *>(g), n, diagonal, acc);
   });
   check_launch("QR Gram deviation");
 }
@@ -487,9 +510,23 @@ void launch_convert(cudaStream_t stream, osfti_dtype_t src_dtype, const void *sr
   check_launch("QR convert");
 }
 
+void launch_split_tf32(cudaStream_t stream, const float *x, float *hi, float *lo,
+                       int64_t count) {
+  if (count == 0) return;
+  split_tf32_kernel<<<elementwise_blocks(count), kThreads, 0, stream>>>(x, hi, lo, count);
+  check_launch("QR TF32 split");
+}
+
 void launch_shift_diagonal(cudaStream_t stream, double *g, int64_t n, double factor) {
   shift_diagonal_kernel<<<1, kThreads, 0, stream>>>(g, n, factor);
   check_launch("QR shift");
+}
+
+void launch_shift_diagonal_norm(cudaStream_t stream, double *g, int64_t n, double factor,
+                                const double *squared_norm) {
+  shift_diagonal_norm_kernel<<<elementwise_blocks(n), kThreads, 0, stream>>>(
+      g, n, factor, squared_norm);
+  check_launch("QR shift by norm");
 }
 
 void launch_diagonal_product(cudaStream_t stream, const double *g, int64_t n, double *d,

@@ -56,10 +56,11 @@ void launch_transfer(cudaStream_t stream, osfti_dtype_t dtype, const Transfer &t
 void launch_diagonal(cudaStream_t stream, osfti_dtype_t dtype, const void *w, int64_t ld,
                      int64_t n, void *signs, uint32_t *flag, double rank_tol);
 
-/* *acc += ||G - I||_F^2 for the symmetric n x n G whose upper triangle is
- * stored (column-major, ld n). *acc must be zeroed before. */
+/* *acc += ||G - diagonal I||_F^2 for the symmetric n x n G whose upper
+ * triangle is stored (column-major, ld n): diagonal 1 for the loss of
+ * orthogonality, 0 for ||G||_F^2. *acc must be zeroed before. */
 void launch_gram_deviation(cudaStream_t stream, osfti_dtype_t dtype, const void *g,
-                           int64_t n, double *acc);
+                           int64_t n, double diagonal, double *acc);
 
 /* The Cholesky path's verdict: kQrNeedsFallback in *flag if any of the
  * n_info Cholesky infos is non-zero or sqrt(*acc) > threshold (or NaN). */
@@ -71,9 +72,19 @@ void launch_cholqr2_verdict(cudaStream_t stream, const int *info, int n_info,
 void launch_convert(cudaStream_t stream, osfti_dtype_t src_dtype, const void *src,
                     osfti_dtype_t dst_dtype, void *dst, int64_t count);
 
+/* The TF32 path's operand split: hi[e] = x[e] truncated to TF32, lo[e] =
+ * x[e] - hi[e] (fp32), for e < count. */
+void launch_split_tf32(cudaStream_t stream, const float *x, float *hi, float *lo,
+                       int64_t count);
+
 /* The shifted first pass of the Cholesky path: g_jj += factor * trace(g)
  * for the n x n fp64 g (column-major, ld n). */
 void launch_shift_diagonal(cudaStream_t stream, double *g, int64_t n, double factor);
+
+/* The TF32 path's shifted passes: g_jj += factor * sqrt(*squared_norm) for
+ * the n x n fp64 g (column-major, ld n). */
+void launch_shift_diagonal_norm(cudaStream_t stream, double *g, int64_t n, double factor,
+                                const double *squared_norm);
 
 /* d[j] = g_jj (first) or d[j] * g_jj: diag(R) of a product of triangular
  * factors, pass after pass. */

@@ -98,6 +98,14 @@ size_t plan_call(Context &ctx, const QrKernels &k, QrCall &call, int concurrency
   }
 }
 
+QrMethod qr_method(osft_qr_method_t method) {
+  switch (method) {
+    case OSFT_QR_CHOLESKY_QR2: return QrMethod::cholesky_qr2;
+    case OSFT_QR_CHOLESKY_TF32: return QrMethod::cholesky_tf32;
+    default: return QrMethod::householder;
+  }
+}
+
 const char *reason(uint32_t flags, bool power) {
   if (flags & kQrNonfiniteInput)
     return power ? "contains NaN or Inf (in a or in the starting q)"
@@ -122,7 +130,7 @@ void report(const QrCall &call, const uint32_t *flags, const QrList &list,
     if (flags[p] & kQrFellBack) {
       ++fell_back;
       log_message(OSFT_LOG_DEBUG,
-                  "qr: a[%zu]: CholeskyQR2 lost orthogonality or its Cholesky "
+                  "qr: a[%zu]: the Cholesky path lost orthogonality or a Cholesky "
                   "factorization failed; redone with Householder",
                   i);
     }
@@ -163,8 +171,7 @@ void run_qr(Context &ctx, const osft_qr_options_t &opts, const QrList &list,
   const QrKernels &k = qr_kernels(ctx);
 
   QrCall call;
-  call.method = opts.method == OSFT_QR_CHOLESKY_QR2 ? QrMethod::cholesky_qr2
-                                                    : QrMethod::householder;
+  call.method = qr_method(opts.method);
   call.ortho_threshold =
       opts.orthogonality_threshold > 0.0 ? opts.orthogonality_threshold : 0.5;
   call.iterations = list.iterations;

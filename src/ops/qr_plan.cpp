@@ -146,7 +146,8 @@ osft_qr_options_t read_qr_options(const osft_qr_options_t *user) {
   const osft_qr_options_t o =
       read_struct(user, defaults, kOptionsV1Size, "opts", "osft_qr_options_t");
   const int method = raw_enum(o.method);
-  if (method != OSFT_QR_HOUSEHOLDER && method != OSFT_QR_CHOLESKY_QR2)
+  if (method != OSFT_QR_HOUSEHOLDER && method != OSFT_QR_CHOLESKY_QR2 &&
+      method != OSFT_QR_CHOLESKY_TF32)
     raise(OSFT_STATUS_INVALID_ARGUMENT, "opts->method: %d is not an osft_qr_method_t",
           method);
   if (!(o.orthogonality_threshold >= 0.0) || std::isinf(o.orthogonality_threshold))

@@ -8,7 +8,8 @@
 #include "test_tensors.h"
 #include "test_util.h"
 
-const osft_qr_method_t kMethods[2] = {OSFT_QR_HOUSEHOLDER, OSFT_QR_CHOLESKY_QR2};
+const osft_qr_method_t kMethods[N_QR_METHODS] = {
+    OSFT_QR_HOUSEHOLDER, OSFT_QR_CHOLESKY_QR2, OSFT_QR_CHOLESKY_TF32};
 
 double eps_of(tt_dtype d) {
   return d == TT_F64 ? 2.220446049250313e-16 : 1.1920928955078125e-07;
@@ -18,23 +19,36 @@ double *zeros(int64_t n) {
   return calloc((size_t)(n > 0 ? n : 1), sizeof(double));
 }
 
+/* The columns of the row-major m x n a, each contiguous (n x m). */
+static double *columns(const double *a, int64_t m, int64_t n) {
+  double *c = zeros(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) c[j * m + i] = a[i * n + j];
+  return c;
+}
+
 void ref_qr(const double *a, int64_t m, int64_t n, double *q, double *r) {
-  memcpy(q, a, sizeof(double) * (size_t)(m * n));
+  double *c = columns(a, m, n); /* column j at c + j m */
   if (r) memset(r, 0, sizeof(double) * (size_t)(n * n));
   for (int64_t j = 0; j < n; ++j) {
+    double *qj = c + j * m;
     for (int pass = 0; pass < 2; ++pass)
       for (int64_t k = 0; k < j; ++k) {
-        double c = 0;
-        for (int64_t i = 0; i < m; ++i) c += q[i * n + k] * q[i * n + j];
-        for (int64_t i = 0; i < m; ++i) q[i * n + j] -= c * q[i * n + k];
-        if (r) r[k * n + j] += c;
+        const double *qk = c + k * m;
+        double d = 0;
+        for (int64_t i = 0; i < m; ++i) d += qk[i] * qj[i];
+        for (int64_t i = 0; i < m; ++i) qj[i] -= d * qk[i];
+        if (r) r[k * n + j] += d;
       }
     double nrm = 0;
-    for (int64_t i = 0; i < m; ++i) nrm += q[i * n + j] * q[i * n + j];
+    for (int64_t i = 0; i < m; ++i) nrm += qj[i] * qj[i];
     nrm = sqrt(nrm);
-    for (int64_t i = 0; i < m; ++i) q[i * n + j] /= nrm;
+    for (int64_t i = 0; i < m; ++i) qj[i] /= nrm;
     if (r) r[j * n + j] = nrm;
   }
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) q[i * n + j] = c[j * m + i];
+  free(c);
 }
 
 double *random_orthonormal(int64_t m, int64_t n) {
@@ -60,14 +74,15 @@ double *conditioned(int64_t m, int64_t n, double kappa) {
 double *soap_like(int64_t n, double kappa) {
   const double alpha = n > 1 ? log(kappa) / log((double)n) : 0.0;
   double *u = random_orthonormal(n, n), *q = random_orthonormal(n, n), *p = zeros(n * n);
-  for (int64_t k = 0; k < n; ++k) {
-    const double lambda = pow(1.0 + (double)k, -alpha);
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < n; ++j)
-        p[i * n + j] += u[i * n + k] * lambda * u[j * n + k];
-  }
+  double *ut = columns(u, n, n); /* ut[k n + j] = u[j n + k] */
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < n; ++k) {
+      const double uk = u[i * n + k] * pow(1.0 + (double)k, -alpha);
+      for (int64_t j = 0; j < n; ++j) p[i * n + j] += uk * ut[k * n + j];
+    }
   double *a = matmul(p, q, n, n, n);
   free(u);
+  free(ut);
   free(q);
   free(p);
   return a;
@@ -87,17 +102,22 @@ double frob(const double *x, int64_t n) {
   return sqrt(s);
 }
 
+double orthogonality(const double *q, int64_t m, int64_t n) {
+  double *c = columns(q, m, n), sum = 0;
+  for (int64_t p = 0; p < n; ++p)
+    for (int64_t k = 0; k < n; ++k) {
+      double dot = 0;
+      for (int64_t i = 0; i < m; ++i) dot += c[p * m + i] * c[k * m + i];
+      sum += (dot - (p == k)) * (dot - (p == k));
+    }
+  free(c);
+  return sqrt(sum);
+}
+
 void expect_qr(const char *what, const double *a, const double *q, const double *r,
                int64_t m, int64_t n, tt_dtype d, double kappa) {
   const double tol = 30.0 * (double)(m > n ? m : n) * eps_of(d);
-  double orth = 0;
-  for (int64_t p = 0; p < n; ++p)
-    for (int64_t c = 0; c < n; ++c) {
-      double dot = 0;
-      for (int64_t i = 0; i < m; ++i) dot += q[i * n + p] * q[i * n + c];
-      orth += (dot - (p == c)) * (dot - (p == c));
-    }
-  orth = sqrt(orth);
+  const double orth = orthogonality(q, m, n);
   if (!(orth <= tol)) fail_msg("%s: ||Q^T Q - I||_F = %.3g > %.3g", what, orth, tol);
   double *rr = zeros(n * n);
   if (r) {
@@ -118,12 +138,11 @@ void expect_qr(const char *what, const double *a, const double *q, const double 
       fail_msg("%s: diag(R)[%lld] = %g breaks diag(R) >= 0", what, (long long)j,
                rr[j * n + j]);
   double *res = zeros(m * n);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      double s = 0;
-      for (int64_t t = 0; t < n; ++t) s += q[i * n + t] * rr[t * n + j];
-      res[i * n + j] = s - a[i * n + j];
-    }
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < n; ++j) res[i * n + j] += q[i * n + t] * rr[t * n + j];
+    for (int64_t j = 0; j < n; ++j) res[i * n + j] -= a[i * n + j];
+  }
   const double resid = frob(res, m * n) / frob(a, m * n);
   if (!(resid <= tol)) fail_msg("%s: ||QR - A|| / ||A|| = %.3g > %.3g", what, resid, tol);
   const double ref_tol = 20.0 * kappa * (double)(m > n ? m : n) * eps_of(d);

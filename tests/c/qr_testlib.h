@@ -16,7 +16,9 @@
 
 #define NMAX 16 /* most matrices in one test list */
 
-extern const osft_qr_method_t kMethods[2];
+/* Every method, for the tests that run each one. */
+#define N_QR_METHODS 3
+extern const osft_qr_method_t kMethods[N_QR_METHODS];
 
 /* ------------------------------------------------------- float64 helpers */
 
@@ -46,6 +48,9 @@ double frob(const double *x, int64_t n);
 
 /* c (m x n) = a (m x k) b (k x n), row-major, malloc'ed. */
 double *matmul(const double *a, const double *b, int64_t m, int64_t k, int64_t n);
+
+/* ||Q^T Q - I||_F of the row-major m x n q, in float64. */
+double orthogonality(const double *q, int64_t m, int64_t n);
 
 /* Checks Q (and R if given) of A: ||Q^T Q - I||_F and ||Q R - A||_F / ||A||_F
  * within 30 max(m, n) eps; R upper triangular with diag(R) >= 0 (without

@@ -263,7 +263,7 @@ static void test_memory_is_returned(void **state) {
   v[0] = NAN;
   tt_set(L.a[2], v);
   free(v);
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int mi = 0; mi < N_QR_METHODS; ++mi) {
     const osft_qr_options_t qo = options(kMethods[mi]);
     assert_status(osft_qr_batch(ctx, &qo, 4, L.ap, L.qp, L.rp, NULL),
                   OSFT_STATUS_NUMERICAL_ERROR);

@@ -87,7 +87,7 @@ static void refused_power(void *user, osft_context_t ctx, test_alloc_state *a, i
 
 static void test_every_refusal_is_clean(void **state) {
   (void)state;
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int mi = 0; mi < N_QR_METHODS; ++mi) {
     test_seed("refusals");
     osft_qr_method_t method = kMethods[mi];
     tt_refusal_sweep(refused_batch, &method);

@@ -1,6 +1,6 @@
-/* Batched QR numerics: accuracy over condition numbers for both methods
- * (the Cholesky path against float64 up to kappa 1e7 and on SOAP-like
- * inputs, falling back only where it must), results independent of the
+/* Batched QR numerics: accuracy over condition numbers for every method
+ * (the Cholesky paths, fp64 and TF32, against float64 up to kappa 1e7 and
+ * on SOAP-like inputs, falling back only where they must), results independent of the
  * number of workers, and the fused power-iteration step against a loop of
  * separate QRs and a float64 power iteration.
  *
@@ -56,7 +56,7 @@ static void test_condition_numbers(void **state) {
     const int n = dt == 0 ? 6 : 5;
     spec s[6];
     for (int i = 0; i < n; ++i) s[i] = (spec){d, 200, 130, 0};
-    for (int mi = 0; mi < 2; ++mi) {
+    for (int mi = 0; mi < N_QR_METHODS; ++mi) {
       test_seed("conditioning");
       list L;
       list_make(&L, n, s, dt == 0 ? k64 : k32, NULL);
@@ -81,50 +81,147 @@ static void test_condition_numbers(void **state) {
   }
 }
 
-/* The Cholesky path on fp32 against float64, on fresh random inputs:
- * kappa 1, 1e2, 1e4, 1e5, 1e6, 1e7 (log-spaced singular values) and
- * SOAP's own inputs P Q (soap_like: 1e4, 1e6, 1e7), square as SOAP's are,
- * with R: every Q orthonormal and Q R = A to fp32 tolerance
- * (30 n eps), and none falls back. Beyond what it can do (an fp64 matrix
- * with a zero column, rank check off) it falls back, once, to a valid QR. */
-static void test_cholesky_path(void **state) {
-  enum { N_CHOL = 10 };
-  const double kappa[N_CHOL] = {1, 1e2, 1e4, 1e5, 1e6, 1e7, 1e4, 1e6, 1e7, 1};
-  const int want_r[N_CHOL] = {1, 1, 1, 1, 1, 1, 1, 0, 1, 1};
-  spec s[N_CHOL];
-  for (int i = 0; i < N_CHOL; ++i) s[i] = (spec){TT_F32, 160, 160, 0};
-  s[3] = (spec){TT_F32, 200, 120, 0};
-  s[N_CHOL - 1] = (spec){TT_F64, 64, 40, 0};
-  test_seed("cholesky_path");
-  list L;
-  list_make(&L, N_CHOL, s, kappa, want_r);
-  for (int i = 6; i < 9; ++i) {
-    double *a = soap_like(s[i].m, kappa[i]);
-    tt_set(L.a[i], a);
+/* ||Q R - A||_F / ||A||_F in float64 (R upper n x n). */
+static double residual(const double *a, const double *q, const double *r, int64_t m,
+                       int64_t n) {
+  double e = 0, na = 0;
+  double *row = zeros(n);
+  for (int64_t i = 0; i < m; ++i) {
+    memset(row, 0, sizeof(double) * (size_t)n);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = t; j < n; ++j) row[j] += q[i * n + t] * r[t * n + j];
+    for (int64_t j = 0; j < n; ++j) {
+      const double v = row[j] - a[i * n + j];
+      e += v * v;
+      na += a[i * n + j] * a[i * n + j];
+    }
+  }
+  free(row);
+  return sqrt(e / na);
+}
+
+/* fp32 results of the Cholesky paths: orthonormal to fp32 rounding, the
+ * issue's bound ||Q^T Q - I||_F <= 1e-5 (fp32 Householder gives ~1e-5 at
+ * these sizes). Prints the figures when `table` names the case. */
+static void expect_fp32_orthonormal(const list *L, int i, const char *table) {
+  const int64_t m = L->s[i].m, n = L->s[i].n;
+  double *a = tt_get(L->a[i]), *q = tt_get(L->q[i]), *r = tt_get(L->r[i]);
+  const double orth = orthogonality(q, m, n), resid = residual(a, q, r, m, n);
+  if (table)
+    printf(
+        "  %-10s %4lld x %-4lld kappa %7.0e  ||Q^T Q - I||_F %.2e  ||QR - A||/||A|| "
+        "%.2e\n",
+        table, (long long)m, (long long)n, L->kappa[i], orth, resid);
+  if (!(orth <= 1e-5)) fail_msg("a[%d]: ||Q^T Q - I||_F = %.3g > 1e-5", i, orth);
+  free(a);
+  free(q);
+  free(r);
+}
+
+/* Entries [first, last) of L get SOAP's inputs P Q (square). */
+static void set_soap_inputs(list *L, int first, int last) {
+  for (int i = first; i < last; ++i) {
+    double *a = soap_like(L->s[i].m, L->kappa[i]);
+    tt_set(L->a[i], a);
     free(a);
   }
-  double *z = tt_get(L.a[N_CHOL - 1]);
-  for (int64_t r = 0; r < 64; ++r) z[r * 40 + 7] = 0.0; /* a zero column */
-  tt_set(L.a[N_CHOL - 1], z);
-  free(z);
-  L.kappa[N_CHOL - 1] = 1e30; /* singular: no reference to compare with */
-  osft_qr_options_t o = options(OSFT_QR_CHOLESKY_QR2);
+}
+
+/* One osft_qr_batch of the whole list with `method`, the rank check off,
+ * that must succeed; returns how many matrices fell back to Householder. */
+static int batch_fallbacks(void **state, list *L, osft_qr_method_t method) {
+  osft_qr_options_t o = options(method);
   o.rank_tolerance = -1.0;
   log_capture cap;
   log_start(&cap);
-  const osft_status_t call = osft_qr_batch(CTX, &o, N_CHOL, L.ap, L.qp, L.rp, NULL);
+  const osft_status_t call =
+      osft_qr_batch(CTX, &o, (size_t)L->n, L->ap, L->qp, L->rp, NULL);
   log_stop();
   assert_int_equal(call, OSFT_STATUS_SUCCESS);
-  for (int i = 0; i < N_CHOL; ++i) {
+  return cap.fallbacks;
+}
+
+static const char *device_name(void) {
+  return tt_device() == OSFT_DEVICE_CUDA ? "CUDA" : "CPU";
+}
+
+/* Both Cholesky paths on fp32 against float64, on fresh random inputs:
+ * kappa 1, 1e2, 1e4, 1e5, 1e6, 1e7 (log-spaced singular values) and
+ * SOAP's own inputs P Q (soap_like: 1e4, 1e6, 1e7), square as SOAP's are,
+ * with R: every Q orthonormal and Q R = A to fp32 tolerance
+ * (30 n eps; for fp32 also ||Q^T Q - I||_F <= 1e-5), diag(R) >= 0, and none
+ * falls back. Beyond what they can do (a zero column, fp64 and fp32, rank
+ * check off) they fall back, at most once each, to a valid QR. */
+static void test_cholesky_paths(void **state) {
+  enum { N_CHOL = 11, SINGULAR = 9 };
+  const double kappa[N_CHOL] = {1, 1e2, 1e4, 1e5, 1e6, 1e7, 1e4, 1e6, 1e7, 1, 1};
+  const int want_r[N_CHOL] = {1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1};
+  const char *kind[N_CHOL] = {"log",  "log", "log",  "log", "log", "log",
+                              "soap", NULL,  "soap", NULL,  NULL};
+  spec s[N_CHOL];
+  for (int i = 0; i < N_CHOL; ++i) s[i] = (spec){TT_F32, 160, 160, 0};
+  s[3] = (spec){TT_F32, 200, 120, 0};
+  s[SINGULAR] = (spec){TT_F64, 64, 40, 0};
+  s[SINGULAR + 1] = (spec){TT_F32, 64, 40, 0};
+  const osft_qr_method_t methods[2] = {OSFT_QR_CHOLESKY_QR2, OSFT_QR_CHOLESKY_TF32};
+  for (int mi = 0; mi < 2; ++mi) {
+    test_seed("cholesky_path");
+    list L;
+    list_make(&L, N_CHOL, s, kappa, want_r);
+    set_soap_inputs(&L, 6, 9);
+    for (int i = SINGULAR; i < N_CHOL; ++i) {
+      double *z = tt_get(L.a[i]);
+      for (int64_t r = 0; r < 64; ++r) z[r * 40 + 7] = 0.0; /* a zero column */
+      tt_set(L.a[i], z);
+      free(z);
+      L.kappa[i] = 1e30; /* singular: no reference to compare with */
+    }
+    const int fallbacks = batch_fallbacks(state, &L, methods[mi]);
+    if (mi == 1) printf("OSFT_QR_CHOLESKY_TF32, fp32 (%s):\n", device_name());
+    for (int i = 0; i < N_CHOL; ++i) {
+      double *a = tt_get(L.a[i]);
+      expect_entry(&L, i, L.q[i], a);
+      free(a);
+      if (i < SINGULAR && want_r[i])
+        expect_fp32_orthonormal(&L, i, mi == 1 ? kind[i] : NULL);
+    }
+    /* Only the singular matrices may fall back; the shift can also carry
+     * them through the Cholesky passes (CUDA does), and their results are
+     * checked. */
+    if (fallbacks > 2)
+      fail_msg(
+          "method %d: %d fall-backs to Householder, expected at most 2 (the "
+          "singular matrices)",
+          (int)methods[mi], fallbacks);
+    list_free(&L);
+  }
+}
+
+/* The TF32 path on SOAP's inputs at larger sizes (its shift grows with
+ * sqrt(m)): kappa 1e4 .. 1e7 at n = 256, 384, 512, with R, no fall-back,
+ * ||Q^T Q - I||_F <= 1e-5 and Q R = A to fp32 tolerance. */
+static void test_tf32_soap_sizes(void **state) {
+  enum { N_SOAP = 12 };
+  const int64_t sizes[3] = {256, 384, 512};
+  spec s[N_SOAP];
+  double kappa[N_SOAP];
+  for (int i = 0; i < N_SOAP; ++i) {
+    s[i] = (spec){TT_F32, sizes[i / 4], sizes[i / 4], 0};
+    kappa[i] = pow(10.0, 4 + i % 4);
+  }
+  test_seed("tf32_soap");
+  list L;
+  list_make(&L, N_SOAP, s, kappa, NULL);
+  set_soap_inputs(&L, 0, N_SOAP);
+  const int fallbacks = batch_fallbacks(state, &L, OSFT_QR_CHOLESKY_TF32);
+  printf("OSFT_QR_CHOLESKY_TF32, fp32 SOAP inputs (%s):\n", device_name());
+  for (int i = 0; i < N_SOAP; ++i) {
     double *a = tt_get(L.a[i]);
     expect_entry(&L, i, L.q[i], a);
     free(a);
+    expect_fp32_orthonormal(&L, i, "soap");
   }
-  /* Only the singular matrix may fall back; the shift can also carry it
-   * through the Cholesky passes (CUDA does), and its result is checked. */
-  if (cap.fallbacks > 1)
-    fail_msg("%d fall-backs to Householder, expected at most 1 (the singular matrix)",
-             cap.fallbacks);
+  if (fallbacks != 0) fail_msg("%d fall-backs to Householder, expected none", fallbacks);
   list_free(&L);
 }
 
@@ -208,7 +305,7 @@ static void test_concurrency_and_workspace_limit(void **state) {
  * here and rounded to the dtype), and a float64 power iteration. */
 static void test_power_iteration_matches_loop(void **state) {
   const int iters = 3;
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int mi = 0; mi < N_QR_METHODS; ++mi) {
     test_seed("power");
     pairs fused, loop;
     pairs_make(&fused);
@@ -258,7 +355,8 @@ int main(void) {
   if (!tt_device_present()) return OSFT_TEST_SKIP;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_condition_numbers, tt_setup, tt_teardown),
-      cmocka_unit_test_setup_teardown(test_cholesky_path, tt_setup, tt_teardown),
+      cmocka_unit_test_setup_teardown(test_cholesky_paths, tt_setup, tt_teardown),
+      cmocka_unit_test_setup_teardown(test_tf32_soap_sizes, tt_setup, tt_teardown),
       cmocka_unit_test(test_concurrency_and_workspace_limit),
       cmocka_unit_test_setup_teardown(test_power_iteration_matches_loop, tt_setup,
                                       tt_teardown),

@@ -36,7 +36,7 @@ static void test_near_singular_fp32(void **state) {
   assert_int_equal(st[0], OSFT_STATUS_SUCCESS);
   assert_int_equal(st[1], OSFT_STATUS_NUMERICAL_ERROR);
   assert_true(same(&q1, L.q[1]));
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int mi = 0; mi < N_QR_METHODS; ++mi) {
     o = options(kMethods[mi]);
     o.rank_tolerance = -1.0;
     assert_ok(osft_qr_batch(CTX, &o, 2, L.ap, L.qp, L.rp, st));
@@ -58,7 +58,7 @@ static void test_nonfinite_spares_the_rest(void **state) {
                      {TT_F32, 17, 9, 20},
                      {TT_F32, 200, 130, 0},
                      {TT_F64, 150, 90, 0}};
-  for (int mi = 0; mi < 2; ++mi)
+  for (int mi = 0; mi < N_QR_METHODS; ++mi)
     for (int in_place = 0; in_place < 2; ++in_place) {
       test_seed("nonfinite");
       list clean, dirty;
@@ -118,7 +118,7 @@ static void test_overflow_is_reported(void **state) {
   double v[32];
   for (int i = 0; i < 32; ++i) v[i] = (test_uniform(0, 1) < 0.5 ? -3e38 : 3e38);
   tt_set(L.a[1], v);
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int mi = 0; mi < N_QR_METHODS; ++mi) {
     list_snap before;
     list_take(&L, &before);
     const osft_qr_options_t o = options(kMethods[mi]);
@@ -153,7 +153,7 @@ static void test_rank_deficient(void **state) {
   v = zeros(36);
   tt_set(L.a[3], v);
   free(v);
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int mi = 0; mi < N_QR_METHODS; ++mi) {
     list_snap before;
     list_take(&L, &before);
     osft_qr_options_t o = options(kMethods[mi]);
@@ -190,7 +190,7 @@ static void test_rank_deficient(void **state) {
  * product): those pairs fail with Q untouched, the others are
  * bit-identical to a clean run. */
 static void test_power_iteration_failures(void **state) {
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int mi = 0; mi < N_QR_METHODS; ++mi) {
     test_seed("power_fail");
     pairs clean, dirty;
     pairs_make(&clean);

@@ -47,7 +47,7 @@ static void test_scaled_matrices(void **state) {
   for (size_t c = 0; c < sizeof kScalings / sizeof kScalings[0]; ++c) {
     const scaling sc = kScalings[c];
     const spec s[2] = {{sc.dtype, 24, 16, 0}, {sc.dtype, 140, 100, 0}};
-    for (int mi = 0; mi < 2; ++mi) {
+    for (int mi = 0; mi < N_QR_METHODS; ++mi) {
       test_seed("scaled QR");
       list L;
       list_make(&L, 2, s, kappa, want_r);

@@ -17,7 +17,7 @@
 #include "test_fixture.h"
 
 static void test_mixed_shapes_out_of_place(void **state) {
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int mi = 0; mi < N_QR_METHODS; ++mi) {
     test_seed("mixed");
     list L;
     list_make(&L, N_MIXED, kMixed, NULL, kWantR);
@@ -62,7 +62,7 @@ static void test_empty_matrices(void **state) {
 
 /* In place (q == NULL, and q[i] == a[i]) gives the out-of-place bits. */
 static void test_in_place(void **state) {
-  for (int mi = 0; mi < 2; ++mi) {
+  for (int mi = 0; mi < N_QR_METHODS; ++mi) {
     for (int variant = 0; variant < 2; ++variant) {
       test_seed("in_place");
       list L;
