@@ -10,6 +10,10 @@
 #      sdist that builds a wheel too;
 #   3. the wheel installed into the venv, and pytest on bindings/python/tests
 #      (the Hugging Face and PEFT tests included), run from outside the tree;
+#      test_import_order.py imports osftrt before and after torch in fresh
+#      interpreters: with a CUDA toolkit here the wheel links CUDA and NCCL,
+#      PyPI's torch brings its own as nvidia-* wheels, and both orders must
+#      load one copy of each, PyTorch's (issue 36);
 #      then the README's Python example as written (.ci/readme_python.py) and
 #      the Hugging Face and PEFT examples with --check;
 #   4. the wheel installed into a fresh venv outside the repository, with no
@@ -17,15 +21,20 @@
 #
 # Usage: bash .ci/stage_python_torch2.sh [extra pytest args]
 #   OSFTRT_TORCH_SPEC   pip requirement for torch (default "torch>=2.4")
-#   OSFTRT_WHEEL_CUDA   OSFTRT_CUDA for the wheel's library (default OFF here:
-#                       CI has no GPU and the main stage compiles the CUDA code)
+#   OSFTRT_PYVENV       the venv (default build-pyvenv)
+#   OSFTRT_PYBUILD      the wheels' build folders and dist/ (default build-python)
+#   OSFTRT_WHEEL_CUDA   OSFTRT_CUDA for the wheel's library (default AUTO: with
+#                       CUDA where nvcc is found, as `pip install .` does for a
+#                       user; ON where nvcc is found is then checked); the sdist's
+#                       wheel is built CPU-only (it checks the sdist, not CUDA)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-venv=$root/build-pyvenv
-dist=$root/build-python/dist
+venv=${OSFTRT_PYVENV:-$root/build-pyvenv}
+pybuild=${OSFTRT_PYBUILD:-$root/build-python}
+dist=$pybuild/dist
 torch_spec=${OSFTRT_TORCH_SPEC:-torch>=2.4}
-cuda=${OSFTRT_WHEEL_CUDA:-OFF}
+cuda=${OSFTRT_WHEEL_CUDA:-AUTO}
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 
 [[ -x $venv/bin/python ]] || /usr/bin/python3 -m venv "$venv"
@@ -37,16 +46,31 @@ print("stage_python_torch2: torch %s, transformers %s, peft %s" % (torch.__versi
 PY
 
 rm -rf "$dist" && mkdir -p "$dist"
-settings=(--config-settings="cmake.define.OSFTRT_CUDA=$cuda")
+settings=(--config-settings="cmake.define.OSFTRT_CUDA=$cuda" --config-settings="build-dir=$pybuild/{wheel_tag}")
 "$venv/bin/python" -m build --sdist --no-isolation --outdir "$dist" . >/dev/null
 "$venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps "${settings[@]}" -w "$dist" .
 sdist=$(ls "$dist"/osftrt-*.tar.gz)
 mkdir -p "$dist/from-sdist"
-"$venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps "${settings[@]}" -w "$dist/from-sdist" "$sdist"
+"$venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps --config-settings=cmake.define.OSFTRT_CUDA=OFF \
+  -w "$dist/from-sdist" "$sdist"
 wheel=$(ls "$dist"/osftrt-*.whl)
 echo "stage_python_torch2: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB), sdist $(basename "$sdist") builds $(basename "$(ls "$dist"/from-sdist/*.whl)")"
 listing=$("$venv/bin/python" -m zipfile -l "$wheel")
 [[ $listing == *"osftrt/libosftrt.so.1 "* ]] || { echo "the wheel lacks osftrt/libosftrt.so.1" >&2; exit 1; }
+# With a toolkit here the wheel must link CUDA (else the import-order test proves nothing).
+needed=$("$venv/bin/python" - "$wheel" <<'PY'
+import sys, tempfile, zipfile
+sys.path.insert(0, "bindings/python/src/osftrt")
+import _cudalibs
+with tempfile.TemporaryDirectory() as d:
+    print(" ".join(_cudalibs.cuda_sonames(zipfile.ZipFile(sys.argv[1]).extract("osftrt/libosftrt.so.1", d))))
+PY
+)
+echo "stage_python_torch2: the wheel's libosftrt needs: ${needed:-no CUDA library}"
+if [[ $cuda != OFF ]] && command -v nvcc >/dev/null && [[ $needed != *libcudart* ]]; then
+  echo "stage_python_torch2: nvcc is here but the wheel was built without CUDA" >&2
+  exit 1
+fi
 
 "$venv/bin/python" -m pip install -q --force-reinstall --no-deps "$wheel"
 cd "$root/bindings/python/tests"

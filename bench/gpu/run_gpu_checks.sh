@@ -123,17 +123,9 @@ setup_env() {
 }
 
 deps() { # the packed Debian libraries and SWIG (from --prepare), where the machine lacks them
-  if [[ -f .gpu/deps.tar.xz ]]; then
-    local d=/tmp/osftrt-deps
-    [[ -f $d/env.sh ]] || { mkdir -p $d && tar xJf .gpu/deps.tar.xz -C $d; }
-    # shellcheck source=/dev/null
-    source $d/env.sh
-  fi
-  if ! command -v swig >/dev/null && [[ -f .gpu/swig.tar.xz ]]; then
-    [[ -x /tmp/osftrt-swig/swig/bin/swig ]] || { mkdir -p /tmp/osftrt-swig && tar xJf .gpu/swig.tar.xz -C /tmp/osftrt-swig; }
-    export PATH=/tmp/osftrt-swig/swig/bin:$PATH
-  fi
-  command -v nvcc >/dev/null || [[ ! -x /usr/local/cuda/bin/nvcc ]] || export PATH=/usr/local/cuda/bin:$PATH
+  # shellcheck source=gpu_deps.sh
+  source "$root/bench/gpu/gpu_deps.sh"
+  gpu_deps
 }
 
 nccl_dir() { # NCCL from the nvidia-nccl wheel that PyTorch brings, if any

@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 
-from benchlib import machine, report, versions
+from benchlib import finish_process, machine, report, versions
 
 VARIANTS = ("none", "peft_osf", "osftrt")
 
@@ -209,7 +209,7 @@ def main():
         res = _worker(rank, a.world, init, a)
         if rank == 0:
             print("RESULT " + json.dumps(res))
-        return 0
+        return finish_process(0)  # the exit status the parent reads is the worker's own
     with tempfile.TemporaryDirectory() as tmp:
         init = os.path.join(tmp, "init")
         env = dict(os.environ, OPENBLAS_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))

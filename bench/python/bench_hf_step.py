@@ -1,22 +1,48 @@
 #!/usr/bin/env python3
-"""One training step of a small Llama on the CPU, as a PyTorch user runs it:
-forward, backward, (projection), AdamW step, side by side in one run:
+"""One training step of a Llama as a PyTorch user runs it -- forward,
+backward, (projection), AdamW step -- in six variants (issue 36), each in its
+own process, same model, data and seed:
 
-* ``hf``        -- unpatched ``transformers``, full fine-tuning;
-* ``peft_osf``  -- PEFT's OSF tuner (``get_peft_model(model, OSFConfig(...))``)
-  on the attention and MLP projections at the frozen rank ratio;
-* ``osftrt``    -- ``osftrt.transformers.apply_osftrt(model, osft=True)``: the
-  same projections as OSFTLinear at the same frozen rank, the fused linear
-  cross-entropy, tiled MLPs, and the projector attached (gradient and
-  parameter projection inside backward() and step()).
+1. ``hf``            plain ``transformers``, full fine-tuning;
+2. ``liger``         the same patched by Liger-Kernel
+   (``apply_liger_kernel_to_llama``; Triton: GPU only, skipped elsewhere);
+3. ``osftrt``        the same patched by ``apply_osftrt(model)`` (fused linear
+   cross-entropy + tiled MLP), full fine-tuning;
+4. ``peft_osf``      PEFT's OSF tuner at the rank ratio on the seven
+   projections (q, k, v, o, gate, up, down);
+5. ``osftrt_osft``   ``apply_osftrt(model, osft=True, rank_ratio=...)`` with
+   the attached projector (gradients projected in backward, parameters after
+   step); the same trainable set as (4);
+6. ``osftrt_fsdp2``  (5) under FSDP2 (``prepare_fsdp2``, ``fully_shard`` per
+   decoder layer and root, ``shard_aware_projector``) in one process: NCCL on
+   a GPU, gloo on the CPU.
 
-Both OSFT variants train only the low factors (PEFT freezes everything else;
-osftrt's run freezes the same set). Each variant runs in its own process so
-its memory is its own: step time is the median of --steps timed steps after
---warmup; peak memory is the peak resident set during the timed steps
-(VmHWM, reset after the warm-up) above the resident set before them.
+--device cuda: a Llama-3.2-1B-shaped model by default (hidden 2048, 16
+layers, 32/8 heads, intermediate 8192, vocabulary 128256; random weights),
+sequence 4096, bf16 as ``Trainer(bf16=True)`` runs it (fp32 weights and AdamW
+states, ``torch.autocast`` bf16; FSDP2: ``MixedPrecisionPolicy(bf16, fp32
+reduce)``); peak memory is ``torch.cuda.max_memory_allocated`` over the
+timed steps. --device cpu: a small model in fp32, peak = resident set above
+the one before the timed steps. Step time: the median of --steps timed steps
+after --warmup (each step synchronized). The losses: the first step's
+(before any update) and the last timed step's; (1) vs (3) and (4) vs (5)
+compared. Orthogonality, max(|U_high^T U_low|, |V_low V_high^T|) over every
+layer after the steps: (4) from PEFT's factors (its frozen part recovered by
+``osftrt.peft.peft_frozen_factors``), (5) and (6) from the projector.
 
-    python bench/python/bench_hf_step.py [--out bench/results/hf_step_cpu.md]
+--profile adds one step after the timed ones, timed per phase (CUDA events
+on the GPU): attention (the self-attention modules, their projections
+included), MLP, head + loss (the top-level forward after the decoder, and
+backward until the gradient reaches the decoder), projection (osftrt's
+gradient and parameter projection; PEFT's gradient hooks, taken out of the
+attention and MLP backward they run in), optimizer (the step, less the
+projection inside it) and other (embeddings, norms, residuals, FSDP2's
+collectives, zero_grad). Where nothing below a layer trains (OSFT variants)
+layer 0's attention backward shows under other. With --out, the rows so far
+are also written to OUT.json after every variant (a run cut short keeps them).
+
+    python bench/python/bench_hf_step.py --device cuda [--profile] [--out bench/results/hf_step_h100.md]
+    python bench/python/bench_hf_step.py --device cpu --tiny          # dry run of all six
 """
 import argparse
 import json
@@ -24,134 +50,506 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import warnings
 
-from benchlib import machine, report, reset_peak, rss_kib, versions
+from benchlib import finish_process, machine, report, reset_peak, rss_kib, versions
 
-VARIANTS = ("hf", "peft_osf", "osftrt")
+VARIANTS = ("hf", "liger", "osftrt", "peft_osf", "osftrt_osft", "osftrt_fsdp2")
+LABELS = {
+    "hf": "1. transformers, full FT",
+    "liger": "2. Liger-Kernel, full FT",
+    "osftrt": "3. apply_osftrt(model), full FT",
+    "peft_osf": "4. PEFT OSF",
+    "osftrt_osft": "5. apply_osftrt(osft=True)",
+    "osftrt_fsdp2": "6. (5) under FSDP2",
+}
+OSFT_VARIANTS = ("peft_osf", "osftrt_osft", "osftrt_fsdp2")
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+PHASES = ("attention", "mlp", "head_loss", "projection", "optimizer", "other")
+
+# model and run sizes per device; --tiny: a dry run in seconds
+SIZES = {
+    "cuda": dict(hidden=2048, intermediate=8192, layers=16, heads=32, kv_heads=8, vocab=128256, batch=1, seq=4096,
+                 precision="bf16", warmup=3, steps=10),
+    "cpu": dict(hidden=512, intermediate=1408, layers=4, heads=8, kv_heads=4, vocab=16000, batch=2, seq=512,
+                precision="fp32", warmup=2, steps=5),
+    "tiny": dict(hidden=64, intermediate=160, layers=2, heads=4, kv_heads=2, vocab=512, batch=2, seq=64,
+                 precision=None, warmup=1, steps=2),
+}
+
+
+class Skip(Exception):
+    """A variant that cannot run here (the reason goes into the table)."""
+
+
+# --------------------------------------------------------------- the model
+def _config(a):
+    import transformers
+
+    cfg = transformers.LlamaConfig(hidden_size=a.hidden, intermediate_size=a.intermediate, num_hidden_layers=a.layers,
+                                   num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, vocab_size=a.vocab,
+                                   max_position_embeddings=max(a.seq, 2048), tie_word_embeddings=False)
+    cfg._attn_implementation = "sdpa"
+    return cfg
 
 
 def _model(a):
+    """The random model, fp32, built on the device (same seed: same weights)."""
     import torch
     import transformers
 
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(hidden_size=a.hidden, intermediate_size=a.intermediate, num_hidden_layers=a.layers,
-                                   num_attention_heads=a.heads, num_key_value_heads=a.kv_heads, vocab_size=a.vocab,
-                                   max_position_embeddings=a.seq, tie_word_embeddings=False)
-    cfg._attn_implementation = "sdpa"
-    return transformers.LlamaForCausalLM(cfg).float()
+    with torch.device(a.device):
+        return transformers.LlamaForCausalLM(_config(a)).float()
 
 
-def _prepare(variant, model, a):
+def _freeze_all_but(model, params):
+    keep = {id(p) for p in params}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in keep)
+
+
+def _low_factors(layers):
+    return [p for m in layers for p in (m.u_low, m.s_low, m.v_low)]
+
+
+def _liger():
+    try:
+        from liger_kernel.transformers import apply_liger_kernel_to_llama
+    except ImportError as e:
+        raise Skip("liger_kernel not importable (%s)" % e)
+    return apply_liger_kernel_to_llama
+
+
+def _fsdp2(a, model):
+    """(6): init a one-process group, shard, the shard-aware projector."""
     import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if variant == "hf":
-        return model, [p for p in model.parameters() if p.requires_grad]
+    import osftrt.transformers as otf
+    from osftrt.torch.distributed import prepare_fsdp2, shard_aware_projector
+
+    init = os.path.join(tempfile.mkdtemp(), "init")
+    dist.init_process_group("nccl" if a.device == "cuda" else "gloo", init_method="file://" + init, rank=0,
+                            world_size=1)
+    info = otf.apply_osftrt(model, osft=True, rank_ratio=a.rank_ratio, target_modules=TARGETS, projector=False)
+    _freeze_all_but(model, _low_factors(info.osft_layers.values()))
+    prepare_fsdp2(model)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if a.precision == "bf16" \
+        else MixedPrecisionPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model, shard_aware_projector(model)
+
+
+def prepare(variant, a):
+    """(model, the trainable parameters, the projector or None, the
+    LlamaForCausalLM inside) of a variant; raises Skip where it cannot run."""
+    if variant == "liger":
+        if a.device != "cuda":
+            raise Skip("Liger's Triton kernels need a GPU")
+        _liger()()  # patches the Llama classes before the model is built
+    model = _model(a)
+    proj = None
     if variant == "peft_osf":
         from peft import OSFConfig, get_peft_model
 
         model = get_peft_model(model, OSFConfig(effective_rank=a.rank_ratio, target_modules=TARGETS))
-        return model, [p for p in model.parameters() if p.requires_grad]
-    import osftrt.transformers as ot
+    elif variant == "osftrt":
+        import osftrt.transformers as otf
 
-    info = ot.apply_osftrt(model, osft=True, rank_ratio=a.rank_ratio, target_modules=TARGETS)
-    factors = {id(p) for m in info.osft_layers.values() for p in (m.u_low, m.s_low, m.v_low)}
-    for p in model.parameters():
-        p.requires_grad_(id(p) in factors)
-    return model, [p for p in model.parameters() if p.requires_grad]
+        otf.apply_osftrt(model)
+    elif variant == "osftrt_osft":
+        import osftrt.transformers as otf
+
+        info = otf.apply_osftrt(model, osft=True, rank_ratio=a.rank_ratio, target_modules=TARGETS, attach=False)
+        _freeze_all_but(model, _low_factors(info.osft_layers.values()))
+        proj = otf.projector_of(model)
+    elif variant == "osftrt_fsdp2":
+        model, proj = _fsdp2(a, model)
+    inner = model.get_base_model() if variant == "peft_osf" else model
+    return model, [p for p in model.parameters() if p.requires_grad], proj, inner
+
+
+# ------------------------------------------------------------ the profile
+class Clock:
+    """Spans of named phases: CUDA events on the GPU (read after a
+    synchronize), perf_counter on the CPU."""
+
+    def __init__(self, cuda):
+        import torch
+
+        self.torch, self.cuda = torch, cuda
+        self.open, self.spans = {}, {}
+
+    def _now(self):
+        if self.cuda:
+            e = self.torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def start(self, key):
+        self.open.setdefault(key, []).append(self._now())
+
+    def stop(self, key):
+        if self.open.get(key):
+            self.spans.setdefault(key, []).append((self.open[key].pop(), self._now()))
+
+    def _dur(self, s, e):
+        return s.elapsed_time(e) if self.cuda else 1e3 * (e - s)
+
+    def ms(self):
+        """{phase: total ms}."""
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        return {k: sum(self._dur(s, e) for s, e in v) for k, v in self.spans.items()}
+
+    def ms_within(self, key, outer):
+        """The ms of `key`'s spans that lie inside one of `outer`'s."""
+        return sum(self._dur(s, e) for s, e in self.spans.get(key, ())
+                   if any(self._dur(os_, s) >= 0 and self._dur(e, oe) >= 0 for os_, oe in self.spans.get(outer, ())))
+
+
+def _hook_phase(clock, module, key, handles):
+    """Times module's forward and backward (full backward hooks) as `key`."""
+    handles += [
+        module.register_forward_pre_hook(lambda m, args: clock.start(key)),
+        module.register_forward_hook(lambda m, args, out: clock.stop(key)),
+        module.register_full_backward_pre_hook(lambda m, g: clock.start(key)),
+        module.register_full_backward_hook(lambda m, gi, go: clock.stop(key)),
+    ]
+
+
+def _wrap(obj, name, clock, key):
+    fn = getattr(obj, name)
+
+    def timed(*args, **kwargs):
+        clock.start(key)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            clock.stop(key)
+
+    setattr(obj, name, timed)
+    return lambda: setattr(obj, name, fn)
+
+
+def _peft_hooks_timed(model, clock, handles):
+    """PEFT's gradient hooks re-registered between two timing hooks."""
+    from peft.tuners.osf.layer import OSFLayer
+
+    for m in model.modules():
+        if isinstance(m, OSFLayer):
+            m._detach_hooks()
+            for adapter, params in m.osf_svd_params.items():
+                for n in ("U_low", "V_low"):
+                    handles.append(params[n].register_hook(lambda g: (clock.start("projection"), g)[1]))
+                m._attach_hooks(adapter)
+                for n in ("U_low", "V_low"):
+                    handles.append(params[n].register_hook(lambda g: (clock.stop("projection"), g)[1]))
+
+
+def profile_step(variant, a, model, inner, opt, proj, batch):
+    """One step timed per phase: {phase of PHASES: ms, "step": ms}. Each
+    span of the projection lies inside another phase's (PEFT's hooks in the
+    attention and MLP backward, osftrt's parameter projection in the
+    optimizer step) or in none (osftrt's end-of-backward gradient
+    projection): it is taken out of that phase."""
+    clock = Clock(a.device == "cuda")
+    handles, undo = [], []
+    for layer in inner.model.layers:
+        _hook_phase(clock, layer.self_attn, "attention", handles)
+        _hook_phase(clock, layer.mlp, "mlp", handles)
+
+    def decoder_done(m, args, out):  # head + loss: from here, and back until the gradient reaches this output
+        clock.start("head_loss")
+        if out[0].requires_grad:
+            out[0].register_hook(lambda g: clock.stop("head_loss"))
+
+    handles += [inner.model.register_forward_hook(decoder_done),
+                inner.register_forward_hook(lambda m, args, out: clock.stop("head_loss"))]
+    if proj is not None:  # wrapped, then attached again: attach() binds the methods
+        undo += [_wrap(proj, "project_gradients", clock, "projection"),
+                 _wrap(proj, "project_parameters", clock, "projection")]
+        proj.attach(opt)
+    elif variant == "peft_osf":
+        _peft_hooks_timed(model, clock, handles)
+    # layer 0 of an OSFT variant: nothing below it trains (see the module doc)
+    warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect "
+                            "to module outputs since no inputs require gradients")
+    _sync(a)
+    clock.start("step")
+    with _autocast(a):
+        loss = model(input_ids=batch, labels=batch).loss
+    clock.start("head_loss")
+    loss.backward()
+    clock.start("optimizer")
+    opt.step()
+    clock.stop("optimizer")
+    opt.zero_grad(set_to_none=True)
+    clock.stop("step")
+    ms = clock.ms()
+    out = {k: ms.get(k, 0.0) for k in PHASES if k != "other"}
+    for k in ("attention", "mlp", "optimizer"):
+        out[k] -= clock.ms_within("projection", k)
+    out["other"] = ms["step"] - sum(out.values())
+    out["step"] = ms["step"]
+    for h in handles:
+        h.remove()
+    for u in undo:
+        u()
+    return out
+
+
+# ------------------------------------------------------------ one variant
+def _sync(a):
+    if a.device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _autocast(a):
+    import contextlib
+
+    import torch
+
+    if a.precision == "bf16" and a.variant != "osftrt_fsdp2":  # FSDP2 casts by its MixedPrecisionPolicy
+        return torch.autocast(device_type=a.device, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _batches(a):
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randint(0, a.vocab, (a.batch, a.seq), generator=gen).to(a.device) for _ in range(a.batches)]
+
+
+def orthogonality(variant, model, proj):
+    """max(|U_high^T U_low|, |V_low V_high^T|) over every OSFT layer."""
+    import torch
+
+    if proj is not None:
+        return max(proj.orthogonality())
+    from peft.tuners.osf.layer import OSFLayer
+
+    from osftrt.peft import peft_frozen_factors
+
+    worst = 0.0
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, OSFLayer):
+                for adapter, p in m.osf_svd_params.items():
+                    u_high, _, v_high = peft_frozen_factors(m, adapter)
+                    worst = max(worst, (u_high.T @ p["U_low"].double()).abs().max().item(),
+                                (p["V_low"].double() @ v_high.T).abs().max().item())
+    return worst
+
+
+def _memory_start(a):
+    import torch
+
+    if a.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated()
+    reset_peak()
+    return rss_kib("VmRSS") * 1024
+
+
+def _memory_peak(a):
+    import torch
+
+    if a.device == "cuda":
+        return torch.cuda.max_memory_allocated()
+    return rss_kib("VmHWM") * 1024
 
 
 def run_variant(variant, a):
     import torch
 
-    torch.set_num_threads(a.threads)
-    model, params = _prepare(variant, _model(a), a)
-    opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
-    gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, a.vocab, (a.batch, a.seq), generator=gen)
-    times = []
+    if a.device == "cpu":
+        torch.set_num_threads(a.threads)
+    t0 = time.perf_counter()
+    model, params, proj, inner = prepare(variant, a)
+    opt = torch.optim.AdamW(params, lr=a.lr, foreach=True)
+    if proj is not None:
+        proj.attach(opt)
+    setup_s = time.perf_counter() - t0
+    batches = _batches(a)
+    times, losses = [], []
     for i in range(a.warmup + a.steps):
         if i == a.warmup:
-            base = rss_kib("VmRSS")
-            reset_peak()
-        t0 = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
+            base = _memory_start(a)
+        _sync(a)
+        t = time.perf_counter()
+        with _autocast(a):
+            loss = model(input_ids=batches[i % len(batches)], labels=batches[i % len(batches)]).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        _sync(a)
         if i >= a.warmup:
-            times.append(time.perf_counter() - t0)
-    peak = rss_kib("VmHWM")
+            times.append(time.perf_counter() - t)
+        losses.append(loss.item())
+    peak = _memory_peak(a)
     out = {"variant": variant, "step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
-           "peak_above_mib": (peak - base) / 1024, "peak_mib": peak / 1024, "loss": loss.item(),
-           "trainable": sum(p.numel() for p in params)}
-    if variant == "osftrt":
-        import osftrt.transformers as ot
-
-        out["orthogonality"] = max(ot.projector_of(model).orthogonality())
+           "peak_bytes": peak, "peak_above_bytes": peak - base, "state_bytes": base, "first_loss": losses[0],
+           "last_loss": losses[-1], "trainable": sum(p.numel() for p in params), "setup_s": setup_s}
+    if variant in OSFT_VARIANTS:
+        out["orthogonality"] = orthogonality(variant, model, proj)
+    if a.profile:
+        out["profile"] = profile_step(variant, a, model, inner, opt, proj, batches[0])
+    if proj is not None:
+        proj.close()
     return out
 
 
-def main():
+# ------------------------------------------------------------- the table
+def _ratio(rows, num, den, key):
+    if num in rows and den in rows and "skipped" not in rows[num] and "skipped" not in rows[den]:
+        return rows[num][key] / rows[den][key]
+    return None
+
+
+def _goal(value, limit):
+    if value is None:
+        return "n/a (a variant was skipped)"
+    return "%.2fx (goal <= %.1fx: %s)" % (value, limit, "met" if value <= limit else "missed")
+
+
+def _loss_agreement(rows, x, y, tol):
+    if any(v not in rows or "skipped" in rows[v] for v in (x, y)):
+        return "%s vs %s: n/a" % (x, y)
+    d = [abs(rows[x][k] - rows[y][k]) / abs(rows[y][k]) for k in ("first_loss", "last_loss")]
+    return "%s vs %s: first-step loss %.2e relative, last %.2e (tolerance %.0e: %s)" % (
+        x, y, d[0], d[1], tol, "agree" if max(d) <= tol else "DIFFER")
+
+
+def table(rows, a, cmd):
+    cuda = a.device == "cuda"
+    tok = a.batch * a.seq
+    unit = "GiB" if cuda else "MiB"
+    scale = 2.0 ** 30 if cuda else 2.0 ** 20
+    lines = [
+        "# One training step of a Llama on %s: transformers, Liger, osftrt, PEFT OSF, osftrt OSFT, FSDP2"
+        % ("a GPU" if cuda else "the CPU"),
+        "",
+        "- machine: %s" % machine(isa=not cuda, gpu=cuda) + ("" if cuda else "; %d threads" % a.threads),
+        "- " + versions(build_info=True),
+        "- model: Llama, hidden %d, intermediate %d, %d layers, %d/%d heads, vocab %d, random weights; batch %d x seq "
+        "%d = %d tokens; %s; OSFT on %s at rank ratio %.2f; AdamW lr %g" % (
+            a.hidden, a.intermediate, a.layers, a.heads, a.kv_heads, a.vocab, a.batch, a.seq, tok,
+            "bf16 autocast, fp32 weights (Trainer(bf16=True)); FSDP2: MixedPrecisionPolicy(bf16, fp32)"
+            if a.precision == "bf16" else "fp32", "/".join(TARGETS), a.rank_ratio, a.lr),
+        "- step: forward + backward + AdamW (+ projections), synchronized; median of %d steps after %d; peak: %s; "
+        "each variant in its own process" % (a.steps, a.warmup, "torch.cuda.max_memory_allocated over the timed "
+                                              "steps" if cuda else "resident set above the one before the steps"),
+        "- command: `python bench/python/bench_hf_step.py %s`" % " ".join(cmd),
+        "",
+        "| variant | trainable | step ms (min) | tokens/s | peak %s | first loss | last loss | orthogonality |" % unit,
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    peak_key = "peak_bytes" if cuda else "peak_above_bytes"
+    for v in a.variant_list:
+        r = rows[v]
+        if "skipped" in r:
+            lines.append("| %s | skipped: %s | | | | | | |" % (LABELS[v], r["skipped"]))
+            continue
+        lines.append("| %s | %d | %.1f (%.1f) | %.0f | %.2f | %.4f | %.4f | %s |" % (
+            LABELS[v], r["trainable"], r["step_ms"], r["step_ms_min"], tok / r["step_ms"] * 1e3,
+            r[peak_key] / scale, r["first_loss"], r["last_loss"],
+            "%.1e" % r["orthogonality"] if "orthogonality" in r else "-"))
+    tol = 2e-2 if a.precision == "bf16" else 2e-3
+    o = rows.get("osftrt_osft", {})
+    lines += [
+        "",
+        "Goals (issue 36):",
+        "- (5) vs PEFT OSF (4): time %s, peak memory %s; orthogonality of (5) %s (goal <= 1e-5)" % (
+            _goal(_ratio(rows, "osftrt_osft", "peft_osf", "step_ms"), 0.7),
+            _goal(_ratio(rows, "osftrt_osft", "peft_osf", peak_key), 0.7),
+            "%.1e" % o["orthogonality"] if "orthogonality" in o else "n/a"),
+        "- (5) vs full fine-tuning (1): time %s" % _goal(_ratio(rows, "osftrt_osft", "hf", "step_ms"), 1.1),
+        "- (3) vs Liger (2): time %s, peak memory %s" % (_goal(_ratio(rows, "osftrt", "liger", "step_ms"), 1.0),
+                                                          _goal(_ratio(rows, "osftrt", "liger", peak_key), 1.0)),
+        "- (6) vs (5): time %s" % _goal(_ratio(rows, "osftrt_fsdp2", "osftrt_osft", "step_ms"), 1.1),
+        "- losses: %s; %s" % (_loss_agreement(rows, "osftrt", "hf", tol), _loss_agreement(rows, "osftrt_osft",
+                                                                                          "peft_osf", tol)),
+    ]
+    profiled = [v for v in a.variant_list if "profile" in rows[v]]
+    if profiled:
+        lines += ["", "Per phase, one profiled step after the timed ones (ms; %s):" % (
+            "CUDA events" if cuda else "wall clock"), "",
+            "| variant | step | " + " | ".join(PHASES) + " |", "| --- |" + " ---: |" * (len(PHASES) + 1)]
+        for v in profiled:
+            p = rows[v]["profile"]
+            lines.append("| %s | %.1f | %s |" % (LABELS[v], p["step"], " | ".join("%.1f" % p[k] for k in PHASES)))
+    return lines
+
+
+def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--intermediate", type=int, default=1408)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=16000)
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--tiny", action="store_true", help="a tiny model for a dry run of every variant")
+    for k in ("hidden", "intermediate", "layers", "heads", "kv_heads", "vocab", "batch", "seq", "warmup", "steps"):
+        p.add_argument("--" + k.replace("_", "-"), type=int)
+    p.add_argument("--precision", choices=("fp32", "bf16"))
     p.add_argument("--rank-ratio", type=float, default=0.5)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--batches", type=int, default=4, help="distinct batches, cycled through the steps")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (--device cpu)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
+    p.add_argument("--profile", action="store_true", help="time one more step per phase")
     p.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--out", help="write the table (Markdown) here too")
-    a = p.parse_args()
+    a = p.parse_args(argv)
+    sizes = dict(SIZES[a.device])
+    if a.tiny:
+        sizes.update({k: v for k, v in SIZES["tiny"].items() if v is not None})
+    for k, v in sizes.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    a.variant_list = [v for v in a.variants.split(",") if v]
+    bad = set(a.variant_list) - set(VARIANTS)
+    if bad:
+        p.error("unknown variant(s): %s" % ", ".join(sorted(bad)))
+    return a
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    a = parse(argv)
     if a.variant:
-        print(json.dumps(run_variant(a.variant, a)))
-        return 0
+        try:
+            res = run_variant(a.variant, a)
+        except Skip as e:
+            res = {"variant": a.variant, "skipped": str(e)}
+        print("RESULT " + json.dumps(res), flush=True)
+        return finish_process(0)
     rows = {}
-    for v in VARIANTS:
-        cmd = [sys.executable, os.path.abspath(__file__), "--variant", v] + sys.argv[1:]
+    for v in a.variant_list:
+        cmd = [sys.executable, os.path.abspath(__file__), "--variant", v] + argv
         env = dict(os.environ, OPENBLAS_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
         env.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        t = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if r.returncode != 0:
-            sys.stderr.write(r.stderr)
+        res = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+        if r.returncode != 0 or not res:
+            sys.stderr.write("%s failed (exit %d):\n%s%s" % (v, r.returncode, r.stdout[-3000:], r.stderr[-5000:]))
             return 1
-        rows[v] = json.loads(r.stdout.strip().splitlines()[-1])
-    tok = a.batch * a.seq
-    lines = [
-        "# One training step of a small Llama on the CPU: transformers, PEFT OSF, osftrt",
-        "",
-        "- machine: %s; %d threads" % (machine(isa=True), a.threads),
-        "- " + versions(build_info=True),
-        "- model: Llama, hidden %d, intermediate %d, %d layers, %d/%d heads, vocab %d; batch %d x seq %d = %d tokens; "
-        "fp32; OSFT on %s at frozen rank ratio %.2f" % (a.hidden, a.intermediate, a.layers, a.heads, a.kv_heads,
-                                                      a.vocab, a.batch, a.seq, tok, "/".join(TARGETS), a.rank_ratio),
-        "- step: forward + backward + AdamW (+ osftrt's projections); median of %d steps after %d; peak = resident "
-        "set during the steps above the one before them, each variant in its own process" % (a.steps, a.warmup),
-        "- command: `python bench/python/bench_hf_step.py %s`" % " ".join(sys.argv[1:]),
-        "",
-        "| variant | trainable | step ms (min) | tokens/s | peak MiB above | vs PEFT OSF time | vs transformers peak |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for v in VARIANTS:
-        r = rows[v]
-        lines.append("| %s | %d | %.0f (%.0f) | %.0f | %.0f | %.2fx | %.2fx |" % (
-            v, r["trainable"], r["step_ms"], r["step_ms_min"], tok / r["step_ms"] * 1e3, r["peak_above_mib"],
-            r["step_ms"] / rows["peft_osf"]["step_ms"], r["peak_above_mib"] / rows["hf"]["peak_above_mib"]))
-    ratio = rows["osftrt"]["step_ms"] / rows["peft_osf"]["step_ms"]
-    mem = rows["osftrt"]["peak_above_mib"] / rows["hf"]["peak_above_mib"]
-    lines += ["", "osftrt / PEFT OSF step time: %.2fx (goal <= 0.6x: %s); osftrt / transformers peak memory: %.2fx "
-              "(goal < 1: %s); osftrt orthogonality after the steps: %.1e" % (
-                  ratio, "met" if ratio <= 0.6 else "missed", mem, "met" if mem < 1 else "missed",
-                  rows["osftrt"]["orthogonality"])]
-    return report(lines, a.out)
+        rows[v] = json.loads(res[-1][7:])
+        if a.out:
+            with open(a.out + ".json", "w") as f:
+                json.dump(rows, f, indent=1)
+        print("%s: %s (%.0f s)" % (v, "skipped: " + rows[v]["skipped"] if "skipped" in rows[v] else
+                                   "%.1f ms/step" % rows[v]["step_ms"], time.perf_counter() - t), file=sys.stderr,
+              flush=True)
+    return report(table(rows, a, argv), a.out)
 
 
 if __name__ == "__main__":

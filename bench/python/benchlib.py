@@ -6,12 +6,14 @@ which puts this folder first on sys.path."""
 import os
 import platform
 import subprocess
+import sys
 import time
 
 
-def machine(isa=False):
-    """"<CPU model>, <n> cores", and with `isa` the AVX-512 / AMX flags the
-    CPU has ("no AVX-512" where none)."""
+def machine(isa=False, gpu=False):
+    """"<CPU model>, <n> cores", with `isa` the AVX-512 / AMX flags the CPU
+    has ("no AVX-512" where none), with `gpu` first the GPU torch sees
+    ("<name>, <GiB> GiB, <SMs> SMs, CUDA <version>, driver <version>")."""
     cpu = "unknown CPU"
     try:
         cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
@@ -23,7 +25,22 @@ def machine(isa=False):
         flags = open("/proc/cpuinfo").read()
         found = [f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if " %s " % f in flags]
         text += " (%s)" % (", ".join(found) or "no AVX-512")
+    if gpu:
+        text = "%s; %s" % (_gpu(), text)
     return text
+
+
+def _gpu():
+    import torch
+
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True).stdout.strip().splitlines()
+    except OSError:
+        driver = []
+    return "%s, %.0f GiB, %d SMs, CUDA %s%s" % (p.name, p.total_memory / 2**30, p.multi_processor_count,
+                                              torch.version.cuda, ", driver " + driver[0] if driver else "")
 
 
 def rss_kib(field="VmRSS"):
@@ -67,3 +84,18 @@ def report(lines, out=None):
         with open(out, "w") as f:
             f.write(text)
     return 0
+
+
+def finish_process(code=0):
+    """Ends a benchmark's worker process with `code` and nothing after it:
+    the process group destroyed (if one is up), the output flushed, then
+    os._exit. PyTorch's gloo teardown at interpreter exit can abort a
+    process that has done its work ("terminate called without an active
+    exception", issue 36); os._exit skips that teardown, so the exit status
+    is the script's own."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

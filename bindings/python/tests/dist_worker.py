@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 import osftrt
 import osftrt.torch as ot
+from worker_exit import finish
 
 
 def split(n, parts, rank, sizes):
@@ -103,9 +104,7 @@ def main():
     ot.cross_entropy._flce_cache.clear()
     comm.close()
     ctx.close()
-    dist.barrier()
-    dist.destroy_process_group()
-    print("rank %d/%d: OK" % (rank, world))
+    finish(rank, world)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ import torch.nn as nn
 
 import osftrt.torch as ot
 from osftrt.torch.distributed import prepare_fsdp2, shard_aware_projector
+from worker_exit import finish
 
 STEPS = 3
 BATCH = 6  # divisible by 2 and 3: every rank the same number of rows
@@ -338,9 +339,7 @@ def main():
             case_llama()
         else:
             raise ValueError(c)
-    dist.barrier()
-    dist.destroy_process_group()
-    print("rank %d/%d: OK" % (rank, world), flush=True)
+    finish(rank, world)
 
 
 if __name__ == "__main__":

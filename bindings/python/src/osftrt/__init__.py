@@ -13,11 +13,13 @@ Two layers:
 """
 from __future__ import annotations
 
+import os as _os
 import threading as _threading
 
-from . import _openblas
+from . import _cudalibs, _openblas
 
 _openblas.choose_core()  # before the extension loads libosftrt and its BLAS
+_cudalibs.preload(_os.path.dirname(_os.path.abspath(__file__)))  # PyTorch's CUDA libraries, not the toolkit's
 from . import capi  # noqa: E402
 from ._errors import (  # noqa: F401  (re-exported)
     Error,
@@ -131,11 +133,13 @@ class Context:
     host_free(address, bytes) and/or device_alloc(bytes, device, stream) /
     device_free(address, bytes, device, stream) that then serves every byte
     the library allocates for this context (e.g. :class:`TorchCUDAAllocator`,
-    PyTorch's caching allocator). Close with :meth:`close` or a ``with``
-    block; collected contexts are destroyed as a backstop.
+    PyTorch's caching allocator). ``allow_tf32``: fp32 GEMMs on CUDA may
+    run on TF32 tensor cores (as ``torch.backends.cuda.matmul.allow_tf32``;
+    ignored on the CPU). Close with :meth:`close` or a ``with`` block;
+    collected contexts are destroyed as a backstop.
     """
 
-    def __init__(self, device="cpu", *, stream=None, workspace_limit=0, allocator=None):
+    def __init__(self, device="cpu", *, stream=None, workspace_limit=0, allocator=None, allow_tf32=False):
         dtype_, dev_id = _parse_device(device)
         opts = capi.osft_context_options_t()
         opts.device_type = dtype_
@@ -143,6 +147,7 @@ class Context:
         if dtype_ == capi.OSFT_DEVICE_CUDA:
             opts.stream = int(stream) if stream is not None else _torch_current_stream(dev_id)
         opts.workspace_limit = int(workspace_limit)
+        opts.allow_tf32 = 1 if allow_tf32 else 0
         if allocator is not None:
             opts.allocator = capi.python_allocator(allocator)
         self.allocator = allocator
@@ -406,7 +411,8 @@ class QRResult(tuple):
         return all(s == capi.OSFT_STATUS_SUCCESS for s in self[2])
 
 
-_QR_METHODS = {"householder": 0, "cholesky_qr2": 1, "choleskyqr2": 1}
+_QR_METHODS = {"householder": capi.OSFT_QR_HOUSEHOLDER, "cholesky_qr2": capi.OSFT_QR_CHOLESKY_QR2,
+               "choleskyqr2": capi.OSFT_QR_CHOLESKY_QR2, "cholesky_tf32": capi.OSFT_QR_CHOLESKY_TF32}
 
 
 def _qr_options(method, orthogonality_threshold, rank_tolerance, max_concurrency):
