@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -83,6 +84,137 @@ func TestEveryHeaderFunctionIsExposed(t *testing.T) {
 		}
 	}
 	t.Logf("%d header functions, %d exposed, %d not exposed", len(names), len(osftrt.CFunctions), len(osftrt.NotExposed))
+}
+
+// handWritten is the Go package's own source (not the tests) and the C of
+// its SWIG additions and callbacks: where a header's enumerator or struct
+// field must appear to be reachable from Go.
+func handWritten(t *testing.T) (goSrc, cSrc string) {
+	t.Helper()
+	files, _ := filepath.Glob("*.go")
+	extra := []string{filepath.Join("..", "swig", "osftrt_go.i"),
+		filepath.Join("internal", "capi", "callbacks.go"), filepath.Join("internal", "capi", "callbacks.c")}
+	for _, f := range append(files, extra...) {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasSuffix(f, ".go") && !strings.Contains(f, "internal") {
+			goSrc += string(b)
+		} else {
+			cSrc += string(b)
+		}
+	}
+	return goSrc, cSrc
+}
+
+// headerText is every public header without its comments.
+func headerText(t *testing.T) string {
+	t.Helper()
+	headers, err := filepath.Glob(filepath.Join(includeDir(), "osftrt", "*.h"))
+	if err != nil || len(headers) == 0 {
+		t.Fatalf("no headers found under %s: %v", includeDir(), err)
+	}
+	comment := regexp.MustCompile(`(?s)/\*.*?\*/`)
+	var b strings.Builder
+	for _, h := range headers {
+		src, err := os.ReadFile(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString(comment.ReplaceAllString(string(src), ""))
+	}
+	return b.String()
+}
+
+// Every enumerator of the headers (statuses: TestStatusCodes) has a Go
+// value in the package, so a header that gains one fails here until the Go
+// API can pass it.
+func TestEveryHeaderEnumeratorIsExposed(t *testing.T) {
+	goSrc, _ := handWritten(t)
+	n := 0
+	for _, m := range regexp.MustCompile(`\b(OSFT_[A-Z0-9_]+)\s*=\s*-?\d`).FindAllStringSubmatch(headerText(t), -1) {
+		if strings.HasPrefix(m[1], "OSFT_STATUS_") {
+			continue
+		}
+		n++
+		if !strings.Contains(goSrc, "capi."+m[1]) {
+			t.Errorf("the header's enumerator %s has no Go value (use capi.%s in the package)", m[1], m[1])
+		}
+	}
+	if n < 50 {
+		t.Fatalf("only %d enumerators found in the headers", n)
+	}
+}
+
+// fieldsNotExposed: struct fields of the headers without a Go API, and why.
+var fieldsNotExposed = map[string]string{
+	"osft_nccl_unique_id_t.internal":   "opaque bytes, copied whole (NCCLUniqueID)",
+	"osft_context_options_t.allocator": "see NotExposed[osft_allocator_init]",
+	"osft_allocator_t.host_alloc":      "see NotExposed[osft_allocator_init]",
+	"osft_allocator_t.host_free":       "see NotExposed[osft_allocator_init]",
+	"osft_allocator_t.device_alloc":    "see NotExposed[osft_allocator_init]",
+	"osft_allocator_t.device_free":     "see NotExposed[osft_allocator_init]",
+}
+
+// Every field of every public struct is read or written by the package:
+// through its SWIG accessor (GetX / SetX) in Go, or by name in the C of
+// bindings/go/swig/osftrt_go.i (the structs osftgo_call fills) and of the
+// callbacks. A field appended to a header fails here until Go passes it.
+func TestEveryHeaderStructFieldIsExposed(t *testing.T) {
+	goSrc, cSrc := handWritten(t)
+	structs := regexp.MustCompile(`(?s)typedef\s+struct\s+\w+\s*\{(.*?)\}\s*(osft_\w+_t)\s*;`)
+	fnPtr := regexp.MustCompile(`\(\s*\*\s*(\w+)\s*\)`)
+	array := regexp.MustCompile(`\[[^\]]*\]`)
+	word := regexp.MustCompile(`\w+`)
+	n := 0
+	seen := map[string]bool{}
+	for _, m := range structs.FindAllStringSubmatch(headerText(t), -1) {
+		var fields []string
+		for _, d := range strings.Split(m[1], ";") {
+			if d = strings.TrimSpace(d); d == "" {
+				continue
+			}
+			if f := fnPtr.FindStringSubmatch(d); f != nil {
+				fields = append(fields, f[1])
+				continue
+			}
+			for _, piece := range strings.Split(array.ReplaceAllString(d, ""), ",") {
+				if w := word.FindAllString(piece, -1); len(w) > 0 {
+					fields = append(fields, w[len(w)-1])
+				}
+			}
+		}
+		for _, f := range fields {
+			if f == "struct_size" {
+				continue
+			}
+			n++
+			name := m[2] + "." + f
+			seen[name] = true
+			acc := strings_Title(f)
+			inC := regexp.MustCompile(`(\.|->)` + f + `\b`).MatchString(cSrc)
+			inGo := strings.Contains(goSrc, "Get"+acc+"(") || strings.Contains(goSrc, "Set"+acc+"(")
+			_, skipped := fieldsNotExposed[name]
+			switch {
+			case skipped && (inC || inGo):
+				t.Errorf("%s is used but listed in fieldsNotExposed", name)
+			case !skipped && !inC && !inGo:
+				t.Errorf("the header's field %s is neither read nor written by the Go package", name)
+			}
+		}
+	}
+	for name := range fieldsNotExposed {
+		if !seen[name] {
+			t.Errorf("fieldsNotExposed names %s, which no header declares", name)
+		}
+	}
+	if n < 120 {
+		t.Fatalf("only %d struct fields found in the headers", n)
+	}
 }
 
 // SWIG's Go names capitalize the first letter.

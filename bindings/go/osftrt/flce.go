@@ -25,6 +25,22 @@ var (
 	AccumulatorOutput = Accumulator(capi.OSFT_FLCE_ACCUMULATOR_OUTPUT)
 )
 
+// Chunking is what a call chunks: tokens, or tokens x vocabulary slices
+// (osft_flce_chunking_t, library 1.2.0).
+type Chunking int
+
+// Chunkings.
+var (
+	// ChunkingAuto: the planner picks the cheaper plan (the default).
+	ChunkingAuto = Chunking(capi.OSFT_FLCE_CHUNKING_AUTO)
+	// ChunkingTokens: chunks of tokens over the whole vocabulary (three
+	// GEMMs, grad_W summed over the chunks).
+	ChunkingTokens = Chunking(capi.OSFT_FLCE_CHUNKING_TOKENS)
+	// ChunkingVocab: tiles of tokens x vocabulary slices in two passes
+	// (four GEMMs' worth, grad_W written once per token tile).
+	ChunkingVocab = Chunking(capi.OSFT_FLCE_CHUNKING_VOCAB)
+)
+
 // Accumulate bits of FLCEOutputs.Accumulate.
 var (
 	FLCEAccumulateGradX      = uint32(capi.OSFT_FLCE_ACCUMULATE_GRAD_X)
@@ -36,7 +52,8 @@ var (
 // DefaultFLCEOptions gives the library's defaults: ignore index -100, no
 // smoothing, z-loss or softcap, mean reduction, fp32 accumulator, budget 0
 // (1 GiB of chunks), no vocab parallelism, targets checked before any
-// output is written (DeviceTargetCheck false).
+// output is written (DeviceTargetCheck false), the plan chosen by the
+// planner (ChunkingAuto, SliceCols 0).
 type FLCEOptions struct {
 	IgnoreIndex     int64
 	LabelSmoothing  float64
@@ -52,6 +69,12 @@ type FLCEOptions struct {
 	// DeviceTargetCheck: out-of-range targets do not fail Compute (the loss
 	// becomes NaN); CheckTargets reports them later (1.1.0).
 	DeviceTargetCheck bool
+	// Chunking: token chunks or vocabulary slices; Plan reports the one a
+	// call takes (1.2.0).
+	Chunking Chunking
+	// SliceCols: the vocabulary plan's classes per slice (0: as the budget
+	// allows, balanced) (1.2.0).
+	SliceCols int64
 }
 
 // DefaultFLCEOptions returns the defaults of osft_flce_options_init.
@@ -69,6 +92,7 @@ func flceOptionsFromC(o capi.Osft_flce_options_t) FLCEOptions {
 		MemoryBudget: uint64(o.GetMemory_budget()), ChunkRows: o.GetChunk_rows(),
 		VocabOffset: o.GetVocab_offset(), VocabSizeGlobal: o.GetVocab_size_global(),
 		DeviceTargetCheck: o.GetDevice_target_check() != 0,
+		Chunking:          Chunking(o.GetChunking()), SliceCols: o.GetSlice_cols(),
 	}
 }
 
@@ -100,6 +124,8 @@ func NewFLCE(ctx *Context, opts *FLCEOptions) (*FLCE, error) {
 	if o.DeviceTargetCheck {
 		co.SetDevice_target_check(1)
 	}
+	co.SetChunking(capi.Enum_SS_osft_flce_chunking_e(o.Chunking))
+	co.SetSlice_cols(o.SliceCols)
 	c, err := ctx.lock("NewFLCE")
 	if err != nil {
 		return nil, err
@@ -187,10 +213,15 @@ func (f *FLCE) Compute(in FLCEInputs, out FLCEOutputs) error {
 	return f.ctx.call("FLCE.Compute", capi.OSFTGO_FLCE_COMPUTE, f.prepare(&in, &out, p))
 }
 
-// FLCEPlan describes what a call would do (osft_flce_get_plan).
+// FLCEPlan describes what a call would do (osft_flce_get_plan). With
+// ChunkingVocab, ChunkRows and Chunks are the token tiles, each cut into
+// Slices slices of SliceCols classes (the last may have fewer); the token
+// plan has Slices 1 and SliceCols V.
 type FLCEPlan struct {
 	Tokens, ChunkRows, Chunks int64
 	ScratchBytes, BudgetBytes uint64
+	Chunking                  Chunking // ChunkingTokens or ChunkingVocab, never ChunkingAuto (1.2.0)
+	Slices, SliceCols         int64    // (1.2.0)
 }
 
 // Plan validates a call as Compute would and reports its chunking.
@@ -204,7 +235,7 @@ func (f *FLCE) Plan(in FLCEInputs, out FLCEOutputs) (FLCEPlan, error) {
 		return FLCEPlan{}, err
 	}
 	o := f.ctx.buf.out
-	return FLCEPlan{o[0], o[1], o[2], uint64(o[3]), uint64(o[4])}, nil
+	return FLCEPlan{o[0], o[1], o[2], uint64(o[3]), uint64(o[4]), Chunking(o[5]), o[6], o[7]}, nil
 }
 
 // CheckTargets reports, and clears, the out-of-range target recorded by a

@@ -84,6 +84,8 @@ func transpose(a []float64, m, n int) []float64 {
 	return t
 }
 
+// Both plans (token chunks; tiles of tokens x vocabulary slices) give the
+// float64 reference's loss and gradients, and Plan reports the plan taken.
 func TestFLCEAgainstFloat64(t *testing.T) {
 	ctx := newCtx(t)
 	defer ctx.Close()
@@ -95,19 +97,6 @@ func TestFLCEAgainstFloat64(t *testing.T) {
 		y[i] = int64(rng.Intn(V))
 	}
 	y[4] = -100 // ignored
-	opts := osftrt.DefaultFLCEOptions()
-	opts.LabelSmoothing = a
-	ce, err := osftrt.NewFLCE(ctx, &opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ce.Close()
-	loss, gx, gw := nan32(1), nan32(M*H), nan32(V*H)
-	if err := ce.Compute(osftrt.FLCEInputs{X: osftrt.MustWrap(x, M, H), Weight: osftrt.MustWrap(w, V, H),
-		Targets: osftrt.MustWrap(y, M)}, osftrt.FLCEOutputs{Loss: osftrt.MustWrap(loss, 1),
-		GradX: osftrt.MustWrap(gx, M, H), GradWeight: osftrt.MustWrap(gw, V, H)}); err != nil {
-		t.Fatal(err)
-	}
 	// float64 reference
 	X, W := f64(x), f64(w)
 	Z := matmul(X, M, H, W, V, true) // M x V
@@ -140,19 +129,72 @@ func TestFLCEAgainstFloat64(t *testing.T) {
 	for i := range G {
 		G[i] /= D
 	}
-	if e := math.Abs(float64(loss[0])-total/D) / (total / D); e > 1e-5 {
-		t.Errorf("loss %v, float64 %v (rel %g)", loss[0], total/D, e)
+	wantGX, wantGW := matmul(G, M, V, W, H, false), matmul(transpose(G, M, V), V, M, X, H, false)
+	plans := []struct {
+		name      string
+		chunking  osftrt.Chunking
+		chunkRows int64
+		sliceCols int64
+		want      osftrt.FLCEPlan // Chunking, Chunks, Slices, SliceCols
+	}{
+		{"default", osftrt.ChunkingAuto, 0, 0, osftrt.FLCEPlan{Chunking: osftrt.ChunkingTokens, Chunks: 1, Slices: 1, SliceCols: V}},
+		{"tokens", osftrt.ChunkingTokens, 4, 0, osftrt.FLCEPlan{Chunking: osftrt.ChunkingTokens, Chunks: 4, Slices: 1, SliceCols: V}},
+		{"vocab", osftrt.ChunkingVocab, 0, 16, osftrt.FLCEPlan{Chunking: osftrt.ChunkingVocab, Chunks: 1, Slices: 4, SliceCols: 16}},
+		{"vocab-tiles", osftrt.ChunkingVocab, 5, 20, osftrt.FLCEPlan{Chunking: osftrt.ChunkingVocab, Chunks: 3, Slices: 3, SliceCols: 20}},
 	}
-	if e := relErr(gx, matmul(G, M, V, W, H, false)); e > 1e-4 {
-		t.Errorf("grad_x rel error %g", e)
+	for _, pc := range plans {
+		opts := osftrt.DefaultFLCEOptions()
+		if opts.Chunking != osftrt.ChunkingAuto || opts.SliceCols != 0 {
+			t.Fatalf("FLCE defaults: chunking %d, slice_cols %d", opts.Chunking, opts.SliceCols)
+		}
+		opts.LabelSmoothing = a
+		opts.Chunking, opts.ChunkRows, opts.SliceCols = pc.chunking, pc.chunkRows, pc.sliceCols
+		ce, err := osftrt.NewFLCE(ctx, &opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o, err := ce.Options(); err != nil || o.Chunking != pc.chunking || o.SliceCols != pc.sliceCols {
+			t.Fatalf("%s: options read back %+v %v", pc.name, o, err)
+		}
+		in := osftrt.FLCEInputs{X: osftrt.MustWrap(x, M, H), Weight: osftrt.MustWrap(w, V, H),
+			Targets: osftrt.MustWrap(y, M)}
+		loss, gx, gw := nan32(1), nan32(M*H), nan32(V*H)
+		out := osftrt.FLCEOutputs{Loss: osftrt.MustWrap(loss, 1), GradX: osftrt.MustWrap(gx, M, H),
+			GradWeight: osftrt.MustWrap(gw, V, H)}
+		if err := ce.Compute(in, out); err != nil {
+			t.Fatal(err)
+		}
+		if e := math.Abs(float64(loss[0])-total/D) / (total / D); e > 1e-5 {
+			t.Errorf("%s: loss %v, float64 %v (rel %g)", pc.name, loss[0], total/D, e)
+		}
+		if e := relErr(gx, wantGX); e > 1e-4 {
+			t.Errorf("%s: grad_x rel error %g", pc.name, e)
+		}
+		if e := relErr(gw, wantGW); e > 1e-4 {
+			t.Errorf("%s: grad_weight rel error %g", pc.name, e)
+		}
+		plan, err := ce.Plan(in, out)
+		if err != nil || plan.Tokens != M || plan.Chunking != pc.want.Chunking || plan.Chunks != pc.want.Chunks ||
+			plan.Slices != pc.want.Slices || plan.SliceCols != pc.want.SliceCols || plan.ScratchBytes == 0 {
+			t.Errorf("%s: plan %+v %v, want %+v", pc.name, plan, err, pc.want)
+		}
+		if err := ce.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if e := relErr(gw, matmul(transpose(G, M, V), V, M, X, H, false)); e > 1e-4 {
-		t.Errorf("grad_weight rel error %g", e)
-	}
-	plan, err := ce.Plan(osftrt.FLCEInputs{X: osftrt.MustWrap(x, M, H), Weight: osftrt.MustWrap(w, V, H),
-		Targets: osftrt.MustWrap(y, M)}, osftrt.FLCEOutputs{Loss: osftrt.MustWrap(loss, 1)})
-	if err != nil || plan.Tokens != M || plan.Chunks < 1 {
-		t.Fatalf("plan %+v %v", plan, err)
+	for _, bad := range []struct {
+		name string
+		set  func(*osftrt.FLCEOptions)
+	}{
+		{"chunking", func(o *osftrt.FLCEOptions) { o.Chunking = 7 }},
+		{"slice_cols", func(o *osftrt.FLCEOptions) { o.SliceCols = -1 }},
+	} {
+		opts := osftrt.DefaultFLCEOptions()
+		bad.set(&opts)
+		if _, err := osftrt.NewFLCE(ctx, &opts); !errors.Is(err, osftrt.ErrInvalidArgument) ||
+			!strings.Contains(err.Error(), bad.name) {
+			t.Errorf("NewFLCE with a bad %s: %v", bad.name, err)
+		}
 	}
 }
 
@@ -942,5 +984,116 @@ func TestFLCEEmptyBatch(t *testing.T) {
 	}
 	if loss[0] != 0 {
 		t.Fatalf("loss of no tokens: %v", loss[0])
+	}
+}
+
+// Every Arithmetic projects fp32 gradients as the float64 reference does
+// (fp32 parts take the fp32 update under each), a value outside the enum is
+// refused by the library, and Info counts what the last call did.
+func TestProjectorArithmetic(t *testing.T) {
+	ctx := newCtx(t)
+	defer ctx.Close()
+	const N, K = 10, 12
+	layer, f := newFactorLayer(t, ctx, N, K)
+	defer layer.Close()
+	_, _, r, l, _ := layer.Dims()
+	R, L := int(r), int(l)
+	uh, vh := f64(f.UHigh.Float32s()), f64(f.VHigh.Float32s())
+	gu0, gv0 := rnd(N*L, 1), rnd(L*K, 1)
+	// float64 reference: dU - Uh (Uh^T dU), dV - (dV Vh^T) Vh
+	wantU, wantV := f64(gu0), f64(gv0)
+	pu := matmul(uh, N, R, matmul(transpose(uh, N, R), R, N, wantU, L, false), L, false)
+	pv := matmul(matmul(wantV, L, K, vh, R, true), L, R, vh, K, false)
+	for i := range wantU {
+		wantU[i] -= pu[i]
+	}
+	for i := range wantV {
+		wantV[i] -= pv[i]
+	}
+	if o := osftrt.DefaultProjectorOptions(); o.Arithmetic != osftrt.ArithmeticAuto {
+		t.Fatalf("default arithmetic %d", o.Arithmetic)
+	}
+	for _, ar := range []osftrt.Arithmetic{osftrt.ArithmeticAuto, osftrt.ArithmeticExact,
+		osftrt.ArithmeticFP32, osftrt.ArithmeticBF16} {
+		o := osftrt.DefaultProjectorOptions()
+		o.Arithmetic = ar
+		p, err := osftrt.NewProjector(ctx, nil, &o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gU, _ := osftrt.NewCTensor(osftrt.Float32, N, l)
+		gV, _ := osftrt.NewCTensor(osftrt.Float32, l, K)
+		copy(gU.Float32s(), gu0)
+		copy(gV.Float32s(), gv0)
+		if _, err := p.AddTarget(osftrt.ProjectionTarget{UHigh: f.UHigh, GradULow: gU, ULow: f.ULow,
+			VHigh: f.VHigh, GradVLow: gV, VLow: f.VLow}); err != nil {
+			t.Fatal(err)
+		}
+		if info, err := p.Info(); err != nil || info.LastGemms != 0 || info.LastGemmCalls != 0 ||
+			info.LastElementwiseCalls != 0 || info.LastCollectives != 0 || info.LastHostWaits != 0 {
+			t.Fatalf("arithmetic %d: counters before the first call %+v %v", ar, info, err)
+		}
+		if err := p.Project(); err != nil {
+			t.Fatal(err)
+		}
+		if e := relErr(gU.Float32s(), wantU); e > 1e-4 {
+			t.Errorf("arithmetic %d: projected grad_u_low rel error %g", ar, e)
+		}
+		if e := relErr(gV.Float32s(), wantV); e > 1e-4 {
+			t.Errorf("arithmetic %d: projected grad_v_low rel error %g", ar, e)
+		}
+		// two parts, each C = U_high^T x (x V_high^T) and the update: 4 GEMMs
+		info, err := p.Info()
+		if err != nil || info.LastGemms < 4 || info.LastGemmCalls < 1 || info.LastGemmCalls > info.LastGemms ||
+			info.LastCollectives != 0 || info.LastHostWaits != 0 {
+			t.Errorf("arithmetic %d: counters after Project %+v %v", ar, info, err)
+		}
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+		_ = gU.Free()
+		_ = gV.Free()
+	}
+	o := osftrt.DefaultProjectorOptions()
+	o.Arithmetic = 9
+	if _, err := osftrt.NewProjector(ctx, nil, &o); !errors.Is(err, osftrt.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "arithmetic") {
+		t.Fatalf("NewProjector with arithmetic 9: %v", err)
+	}
+}
+
+// QRCholeskyTF32 on fp32 matrices gives an orthonormal Q with Q R = A to
+// fp32 accuracy (the CPU rounds its Gram operands to TF32 as a GPU does).
+func TestQRCholeskyTF32(t *testing.T) {
+	ctx := newCtx(t)
+	defer ctx.Close()
+	const m, n = 40, 8
+	a := rnd(m*n, 1)
+	q, rr := append([]float32(nil), a...), nan32(n*n)
+	o := osftrt.DefaultQROptions()
+	o.Method = osftrt.QRCholeskyTF32
+	st, err := osftrt.QRBatch(ctx, &o, []osftrt.Arg{osftrt.MustWrap(q, m, n)}, nil,
+		[]osftrt.Arg{osftrt.MustWrap(rr, n, n)})
+	if err != nil || st[0] != osftrt.StatusSuccess {
+		t.Fatalf("QRBatch CholeskyTF32: %v %v", st, err)
+	}
+	Q, Rm := f64(q), f64(rr)
+	qtq := matmul(transpose(Q, m, n), n, m, Q, n, false)
+	for i := 0; i < n; i++ {
+		for j := 0; j < n; j++ {
+			want := 0.0
+			if i == j {
+				want = 1
+			}
+			if math.Abs(qtq[i*n+j]-want) > 1e-5 {
+				t.Fatalf("Q^T Q [%d,%d] = %g", i, j, qtq[i*n+j])
+			}
+			if i > j && Rm[i*n+j] != 0 {
+				t.Fatalf("R [%d,%d] = %g below the diagonal", i, j, Rm[i*n+j])
+			}
+		}
+	}
+	if e := relErr(a, matmul(Q, m, n, Rm, n, false)); e > 1e-5 {
+		t.Fatalf("Q R vs A: rel error %g", e)
 	}
 }

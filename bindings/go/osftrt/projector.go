@@ -17,16 +17,39 @@ var (
 	ShardVCols      = ShardLayout(capi.OSFT_SHARD_V_COLS)
 )
 
-// ProjectorOptions (osft_projector_options_t); default: check consistency.
+// Arithmetic is how the update x -= U_high C (or x -= C V_high) multiplies
+// (osft_projection_arithmetic_t, library 1.2.0); C itself is always
+// accumulated in fp32.
+type Arithmetic int
+
+// Arithmetics.
+var (
+	// ArithmeticAuto follows each gradient's or factor's dtype: fp32 gets
+	// the exact update, bf16 one bf16 GEMM where bf16 GEMMs are native
+	// (the default).
+	ArithmeticAuto = Arithmetic(capi.OSFT_PROJECTION_ARITHMETIC_AUTO)
+	// ArithmeticExact: C to about fp32 accuracy.
+	ArithmeticExact = Arithmetic(capi.OSFT_PROJECTION_ARITHMETIC_EXACT)
+	// ArithmeticFP32: one fp32 GEMM (TF32 on CUDA when the context allows it).
+	ArithmeticFP32 = Arithmetic(capi.OSFT_PROJECTION_ARITHMETIC_FP32)
+	// ArithmeticBF16: one bf16 GEMM against C rounded to bf16 (parts with
+	// fp32 U_high / V_high use ArithmeticFP32).
+	ArithmeticBF16 = Arithmetic(capi.OSFT_PROJECTION_ARITHMETIC_BF16)
+)
+
+// ProjectorOptions (osft_projector_options_t); default: check consistency,
+// ArithmeticAuto.
 type ProjectorOptions struct {
 	CheckConsistency bool
+	Arithmetic       Arithmetic // the update's arithmetic for every target (1.2.0)
 }
 
 // DefaultProjectorOptions returns the defaults of osft_projector_options_init.
 func DefaultProjectorOptions() ProjectorOptions {
 	o := capi.NewOsft_projector_options_t()
 	defer capi.DeleteOsft_projector_options_t(o)
-	return ProjectorOptions{CheckConsistency: o.GetCheck_consistency() != 0}
+	return ProjectorOptions{CheckConsistency: o.GetCheck_consistency() != 0,
+		Arithmetic: Arithmetic(o.GetArithmetic())}
 }
 
 // Projector projects OSFT gradients (and parameters) out of the frozen
@@ -50,6 +73,7 @@ func NewProjector(ctx *Context, comm *Comm, opts *ProjectorOptions) (*Projector,
 	} else {
 		co.SetCheck_consistency(0)
 	}
+	co.SetArithmetic(capi.Enum_SS_osft_projection_arithmetic_e(o.Arithmetic))
 	c, err := ctx.lock("NewProjector")
 	if err != nil {
 		return nil, err
@@ -233,11 +257,18 @@ func (pr *Projector) Orthogonality() (maxU, maxV float64, err error) {
 	return
 }
 
-// ProjectorInfo is what a projector holds and does per call.
+// ProjectorInfo is what a projector holds and does per call
+// (osft_projector_info_t).
 type ProjectorInfo struct {
 	Targets, ReducedElements, CollectivesPerProject int64
 	CoefficientBytes, GatheredBytes                 uint64
 	SetupPending                                    bool
+	// What the last Project or ProjectParams call did (0 before the first;
+	// library 1.2.0): GEMMs computed, backend GEMM calls (a batched GEMM
+	// over targets of the same shapes counts 1), conversions/splits/adds,
+	// collectives launched (setup included), and waits for the device (0
+	// on the steady path).
+	LastGemms, LastGemmCalls, LastElementwiseCalls, LastCollectives, LastHostWaits int64
 }
 
 // Info describes the projector.
@@ -248,5 +279,7 @@ func (pr *Projector) Info() (ProjectorInfo, error) {
 		return ProjectorInfo{}, err
 	}
 	return ProjectorInfo{s.GetTargets(), s.GetReduced_elements(), s.GetCollectives_per_project(),
-		s.GetCoefficient_bytes(), s.GetGathered_bytes(), s.GetSetup_pending() != 0}, nil
+		s.GetCoefficient_bytes(), s.GetGathered_bytes(), s.GetSetup_pending() != 0,
+		s.GetLast_gemms(), s.GetLast_gemm_calls(), s.GetLast_elementwise_calls(),
+		s.GetLast_collectives(), s.GetLast_host_waits()}, nil
 }

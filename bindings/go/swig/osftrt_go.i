@@ -228,6 +228,9 @@ osft_status_t osftgo_call(int op, void *call, void *g0, void *g1, void *g2, void
           c->out[2] = plan.chunks;
           c->out[3] = (int64_t)plan.scratch_bytes;
           c->out[4] = (int64_t)plan.budget_bytes;
+          c->out[5] = (int64_t)plan.chunking;
+          c->out[6] = plan.slices;
+          c->out[7] = plan.slice_cols;
         }
       }
       break;

@@ -16,9 +16,9 @@ const libosftrt = get(ENV, "OSFTRT_LIBRARY", "libosftrt.so.1")
 
 # ---- integer macros ----------------------------------------------------------
 const OSFT_VERSION_MAJOR = 1  # include/osftrt/export.h
-const OSFT_VERSION_MINOR = 1  # include/osftrt/export.h
+const OSFT_VERSION_MINOR = 2  # include/osftrt/export.h
 const OSFT_VERSION_PATCH = 0  # include/osftrt/export.h
-const OSFT_VERSION_NUMBER = 10100  # include/osftrt/export.h
+const OSFT_VERSION_NUMBER = 10200  # include/osftrt/export.h
 const DLPACK_VERSION = 60  # dlpack.h
 const OSFT_NCCL_UNIQUE_ID_BYTES = 128  # include/osftrt/comm.h
 const OSFT_FLCE_ACCUMULATE_GRAD_X = UInt32(0x1)  # include/osftrt/flce.h
@@ -136,13 +136,24 @@ const OSFT_FLCE_SUM = osft_flce_reduction_t(1)
 const OSFT_FLCE_NONE = osft_flce_reduction_t(2)
 
 """
-@brief Where grad_weight and grad_bias are summed over chunks.
+@brief Where grad_weight and grad_bias are summed over chunks (and, in the
+vocabulary plan, a bf16 grad_x over the vocabulary slices).
 
 Values fixed forever. Both are the same for fp32 gradients.
 """
 const osft_flce_accumulator_t = Cuint  # include/osftrt/flce.h
 const OSFT_FLCE_ACCUMULATOR_FP32 = osft_flce_accumulator_t(0)
 const OSFT_FLCE_ACCUMULATOR_OUTPUT = osft_flce_accumulator_t(1)
+
+"""
+@brief What a call chunks (see "The vocabulary plan" above).
+
+Values fixed forever. Added in 1.2.0.
+"""
+const osft_flce_chunking_t = Cuint  # include/osftrt/flce.h
+const OSFT_FLCE_CHUNKING_AUTO = osft_flce_chunking_t(0)
+const OSFT_FLCE_CHUNKING_TOKENS = osft_flce_chunking_t(1)
+const OSFT_FLCE_CHUNKING_VOCAB = osft_flce_chunking_t(2)
 
 """
  @brief How a layer computes. Values are fixed forever (ABI.md).
@@ -206,11 +217,45 @@ const OSFT_SHARD_V_ROWS = osft_shard_layout_t(2)
 const OSFT_SHARD_V_COLS = osft_shard_layout_t(3)
 
 """
+@brief The arithmetic of the update x -= U_high C (U) or x -= C V_high
+(V), x being a gradient or a trainable factor (added in 1.2.0).
+
+C = U_high^T x (or x V_high^T) is always accumulated in fp32; these
+choose how C enters the update GEMM. Every choice accumulates the update
+in fp32 and rounds x once to its dtype. Values fixed forever (ABI.md).
+
+@code{.unparsed}
+  AUTO        the default: follows x's storage dtype. fp32 x: EXACT.
+              bf16 x with a bf16 U_high / V_high: BF16 where the backend
+              multiplies bf16 natively (CUDA tensor cores; the CPU with
+              oneMKL), else FP32 (the cheaper one there). A bf16 x stores
+              8 mantissa bits, so the 16 bits of the exact update buy no
+              orthogonality (bench/results/projection_orthogonality.md).
+  EXACT       C to about fp32 accuracy: with a bf16 U_high / V_high on a
+              native-bf16 backend, two bf16 GEMMs against C split into
+              bf16 halves (16 of C's 24 bits); otherwise FP32.
+  FP32        one fp32 GEMM against fp32 C (a bf16 U_high / V_high
+              widened to fp32 first); on CUDA it runs on TF32 tensor
+              cores when the context allows TF32 (osft_context_options_t
+              allow_tf32), else on the CUDA cores.
+  BF16        one bf16 GEMM against C rounded once to bf16 (mini_trainer's
+              arithmetic, with x rounded once instead of twice); needs a
+              bf16 U_high / V_high: parts with fp32 ones use FP32.
+@endcode
+"""
+const osft_projection_arithmetic_t = Cuint  # include/osftrt/projection.h
+const OSFT_PROJECTION_ARITHMETIC_AUTO = osft_projection_arithmetic_t(0)
+const OSFT_PROJECTION_ARITHMETIC_EXACT = osft_projection_arithmetic_t(1)
+const OSFT_PROJECTION_ARITHMETIC_FP32 = osft_projection_arithmetic_t(2)
+const OSFT_PROJECTION_ARITHMETIC_BF16 = osft_projection_arithmetic_t(3)
+
+"""
  @brief How each matrix is factored. Values are fixed forever (ABI.md).
 """
 const osft_qr_method_t = Cuint  # include/osftrt/qr.h
 const OSFT_QR_HOUSEHOLDER = osft_qr_method_t(0)
 const OSFT_QR_CHOLESKY_QR2 = osft_qr_method_t(1)
+const OSFT_QR_CHOLESKY_TF32 = osft_qr_method_t(2)
 
 # ---- opaque handles ----------------------------------------------------------
 mutable struct osft_context_s end
@@ -500,6 +545,8 @@ struct osft_flce_options_t
     vocab_offset::Int64
     vocab_size_global::Int64
     device_target_check::Cint
+    chunking::osft_flce_chunking_t
+    slice_cols::Int64
 end
 
 """
@@ -516,7 +563,7 @@ function osft_flce_options_t(; kwargs...)
     for k in keys(kwargs)
         k in fieldnames(osft_flce_options_t) || throw(ArgumentError("osft_flce_options_t has no field $k"))
     end
-    return osft_flce_options_t(get(kwargs, :struct_size, d.struct_size), get(kwargs, :ignore_index, d.ignore_index), get(kwargs, :label_smoothing, d.label_smoothing), get(kwargs, :z_loss_scale, d.z_loss_scale), get(kwargs, :softcap, d.softcap), get(kwargs, :reduction, d.reduction), get(kwargs, :accumulator, d.accumulator), get(kwargs, :memory_budget, d.memory_budget), get(kwargs, :chunk_rows, d.chunk_rows), get(kwargs, :comm, d.comm), get(kwargs, :vocab_offset, d.vocab_offset), get(kwargs, :vocab_size_global, d.vocab_size_global), get(kwargs, :device_target_check, d.device_target_check))
+    return osft_flce_options_t(get(kwargs, :struct_size, d.struct_size), get(kwargs, :ignore_index, d.ignore_index), get(kwargs, :label_smoothing, d.label_smoothing), get(kwargs, :z_loss_scale, d.z_loss_scale), get(kwargs, :softcap, d.softcap), get(kwargs, :reduction, d.reduction), get(kwargs, :accumulator, d.accumulator), get(kwargs, :memory_budget, d.memory_budget), get(kwargs, :chunk_rows, d.chunk_rows), get(kwargs, :comm, d.comm), get(kwargs, :vocab_offset, d.vocab_offset), get(kwargs, :vocab_size_global, d.vocab_size_global), get(kwargs, :device_target_check, d.device_target_check), get(kwargs, :chunking, d.chunking), get(kwargs, :slice_cols, d.slice_cols))
 end
 
 """
@@ -609,6 +656,9 @@ struct osft_flce_plan_t
     chunks::Int64
     scratch_bytes::UInt64
     budget_bytes::UInt64
+    chunking::osft_flce_chunking_t
+    slices::Int64
+    slice_cols::Int64
 end
 
 """
@@ -833,6 +883,7 @@ OSFT_PROJECTOR_OPTIONS_INIT(&o).
 struct osft_projector_options_t
     struct_size::Csize_t
     check_consistency::Cint
+    arithmetic::osft_projection_arithmetic_t
 end
 
 """
@@ -849,7 +900,7 @@ function osft_projector_options_t(; kwargs...)
     for k in keys(kwargs)
         k in fieldnames(osft_projector_options_t) || throw(ArgumentError("osft_projector_options_t has no field $k"))
     end
-    return osft_projector_options_t(get(kwargs, :struct_size, d.struct_size), get(kwargs, :check_consistency, d.check_consistency))
+    return osft_projector_options_t(get(kwargs, :struct_size, d.struct_size), get(kwargs, :check_consistency, d.check_consistency), get(kwargs, :arithmetic, d.arithmetic))
 end
 
 """
@@ -932,6 +983,11 @@ struct osft_projector_info_t
     coefficient_bytes::UInt64
     gathered_bytes::UInt64
     setup_pending::Cint
+    last_gemms::Int64
+    last_gemm_calls::Int64
+    last_elementwise_calls::Int64
+    last_collectives::Int64
+    last_host_waits::Int64
 end
 
 """
@@ -1870,9 +1926,9 @@ The handle holds no device memory.
 @retval OSFT_STATUS_INVALID_HANDLE  (ctx); (comm not a live communicator).
 @retval OSFT_STATUS_INVALID_ARGUMENT  (flce NULL; label_smoothing outside
   [0, 1]; z_loss_scale negative or not finite; softcap negative or not
-  finite; unknown reduction or accumulator; chunk_rows < 0; vocab_offset <
-  0; vocab_offset or vocab_size_global not 0 without comm;
-  vocab_size_global <= vocab_offset with a comm of more than one rank;
+  finite; unknown reduction, accumulator or chunking; chunk_rows < 0;
+  slice_cols < 0; vocab_offset < 0; vocab_offset or vocab_size_global not
+  0 without comm; vocab_size_global <= vocab_offset with a comm of more than one rank;
   vocab_offset not 0 or vocab_size_global negative with a one-rank comm;
   comm on another context)
 @retval OSFT_STATUS_INVALID_STRUCT_SIZE  opts->struct_size.
@@ -2724,7 +2780,8 @@ communicator must outlive the projector. `opts` may be NULL.
 @retval OSFT_STATUS_SUCCESS  The projector was created.
 @retval OSFT_STATUS_INVALID_HANDLE  (ctx, comm)
 @retval OSFT_STATUS_INVALID_ARGUMENT  (projector NULL; comm of another
-  context)
+  context; opts->check_consistency not 0 or 1; opts->arithmetic not an
+  osft_projection_arithmetic_t)
 @retval OSFT_STATUS_INVALID_STRUCT_SIZE  opts->struct_size.
 @retval OSFT_STATUS_OUT_OF_MEMORY  The host allocator failed.
 
@@ -3186,19 +3243,19 @@ const C_LAYOUTS = Dict{Symbol, Tuple{Int, Vector{Pair{Symbol, Int}}}}(
     :DLDataType => (4, [:code => 0, :bits => 1, :lanes => 2]),
     :DLTensor => (48, [:data => 0, :device => 8, :ndim => 16, :dtype => 20, :shape => 24, :strides => 32, :byte_offset => 40]),
     :osft_comm_stats_t => (56, [:struct_size => 0, :allreduce_calls => 8, :allgather_calls => 16, :barrier_calls => 24, :allreduce_bytes => 32, :allgather_bytes => 40, :failures => 48]),
-    :osft_flce_options_t => (96, [:struct_size => 0, :ignore_index => 8, :label_smoothing => 16, :z_loss_scale => 24, :softcap => 32, :reduction => 40, :accumulator => 44, :memory_budget => 48, :chunk_rows => 56, :comm => 64, :vocab_offset => 72, :vocab_size_global => 80, :device_target_check => 88]),
+    :osft_flce_options_t => (104, [:struct_size => 0, :ignore_index => 8, :label_smoothing => 16, :z_loss_scale => 24, :softcap => 32, :reduction => 40, :accumulator => 44, :memory_budget => 48, :chunk_rows => 56, :comm => 64, :vocab_offset => 72, :vocab_size_global => 80, :device_target_check => 88, :chunking => 92, :slice_cols => 96]),
     :osft_flce_inputs_t => (56, [:struct_size => 0, :x => 8, :weight => 16, :targets => 24, :bias => 32, :class_weight => 40, :grad_loss => 48]),
     :osft_flce_outputs_t => (80, [:struct_size => 0, :loss => 8, :grad_x => 16, :grad_weight => 24, :grad_bias => 32, :z_loss => 40, :accuracy => 48, :argmax => 56, :token_loss => 64, :accumulate => 72]),
-    :osft_flce_plan_t => (48, [:struct_size => 0, :tokens => 8, :chunk_rows => 16, :chunks => 24, :scratch_bytes => 32, :budget_bytes => 40]),
+    :osft_flce_plan_t => (72, [:struct_size => 0, :tokens => 8, :chunk_rows => 16, :chunks => 24, :scratch_bytes => 32, :budget_bytes => 40, :chunking => 48, :slices => 56, :slice_cols => 64]),
     :osft_flinear_options_t => (24, [:struct_size => 0, :rank_ratio => 8, :strategy => 16, :factor_dtype => 20]),
     :osft_flinear_factors_t => (56, [:struct_size => 0, :u_high => 8, :s_high => 16, :v_high => 24, :u_low => 32, :s_low => 40, :v_low => 48]),
     :osft_flinear_grads_t => (56, [:struct_size => 0, :grad_x => 8, :grad_u_low => 16, :grad_s_low => 24, :grad_v_low => 32, :grad_bias => 40, :accumulate => 48]),
     :osft_mlp_weights_t => (80, [:struct_size => 0, :gate => 8, :up => 16, :down => 24, :gate_layer => 32, :up_layer => 40, :down_layer => 48, :gate_bias => 56, :up_bias => 64, :down_bias => 72]),
     :osft_mlp_options_t => (40, [:struct_size => 0, :tiling => 8, :tile_tokens => 16, :memory_budget => 24, :dtype => 32]),
     :osft_mlp_grads_t => (96, [:struct_size => 0, :grad_x => 8, :grad_gate => 16, :grad_up => 24, :grad_down => 32, :grad_gate_bias => 40, :grad_up_bias => 48, :grad_down_bias => 56, :gate_factors => 64, :up_factors => 72, :down_factors => 80, :accumulate => 88]),
-    :osft_projector_options_t => (16, [:struct_size => 0, :check_consistency => 8]),
+    :osft_projector_options_t => (16, [:struct_size => 0, :check_consistency => 8, :arithmetic => 12]),
     :osft_projection_target_t => (104, [:struct_size => 0, :u_high => 8, :grad_u_low => 16, :u_low => 24, :u_layout => 32, :u_shards => 40, :n_u_shards => 48, :v_high => 56, :grad_v_low => 64, :v_low => 72, :v_layout => 80, :v_shards => 88, :n_v_shards => 96]),
-    :osft_projector_info_t => (56, [:struct_size => 0, :targets => 8, :reduced_elements => 16, :collectives_per_project => 24, :coefficient_bytes => 32, :gathered_bytes => 40, :setup_pending => 48]),
+    :osft_projector_info_t => (96, [:struct_size => 0, :targets => 8, :reduced_elements => 16, :collectives_per_project => 24, :coefficient_bytes => 32, :gathered_bytes => 40, :setup_pending => 48, :last_gemms => 56, :last_gemm_calls => 64, :last_elementwise_calls => 72, :last_collectives => 80, :last_host_waits => 88]),
     :osft_qr_options_t => (40, [:struct_size => 0, :method => 8, :orthogonality_threshold => 16, :rank_tolerance => 24, :max_concurrency => 32]),
 )
 

@@ -233,23 +233,42 @@ function memory_stats(c::Context)
     return r[]
 end
 
+"""`_enum(table, v)`: the C value of the option `v`, a `Symbol` of `table` or the C value itself."""
+function _enum(table::Dict, v)
+    v isa Symbol || return v
+    haskey(table, v) || throw(ArgumentError("Osftrt: unknown option :$v; one of $(sort!(collect(keys(table))))"))
+    return table[v]
+end
+
+"""`_zeroed(T)`: a struct of the C API with `struct_size` set and every other field 0 (output structs)."""
+_zeroed(::Type{T}) where {T} = T(Csize_t(sizeof(T)), (zero(fieldtype(T, i)) for i in 2:fieldcount(T))...)
+
 const _REDUCTIONS = Dict(:mean => L.OSFT_FLCE_MEAN, :sum => L.OSFT_FLCE_SUM, :none => L.OSFT_FLCE_NONE)
+const _CHUNKINGS = Dict(:auto => L.OSFT_FLCE_CHUNKING_AUTO, :tokens => L.OSFT_FLCE_CHUNKING_TOKENS,
+                        :vocab => L.OSFT_FLCE_CHUNKING_VOCAB)
 
 """
-    FLCE(ctx; reduction = :mean, ignore_index = -100, label_smoothing = 0, ...)
+    FLCE(ctx; reduction = :mean, chunking = :auto, slice_cols = 0, ignore_index = -100,
+         label_smoothing = 0, ...)
 
 Fused linear cross-entropy (`osftrt/flce.h`). Keyword arguments are the
 fields of `osft_flce_options_t` (defaults from `osft_flce_options_init`);
-`reduction` also takes `:mean`, `:sum`, `:none`; `comm` takes a `Comm`.
+`reduction` also takes `:mean`, `:sum`, `:none`; `chunking` (library 1.2)
+takes `:auto` (the planner's choice), `:tokens` (chunks of tokens) or
+`:vocab` (tiles of tokens x vocabulary slices of at most `slice_cols`
+classes; 0: as the budget allows); `comm` takes a `Comm`. `Osftrt.plan`
+reports the plan a call takes.
 """
 mutable struct FLCE <: Handle
     ptr::L.osft_flce_t
     ctx::Context
     comm::Any
-    function FLCE(ctx::Context; reduction = L.OSFT_FLCE_MEAN, comm = nothing, kwargs...)
-        red = reduction isa Symbol ? _REDUCTIONS[reduction] : reduction
+    function FLCE(ctx::Context; reduction = L.OSFT_FLCE_MEAN, chunking = L.OSFT_FLCE_CHUNKING_AUTO,
+                  comm = nothing, kwargs...)
+        red = _enum(_REDUCTIONS, reduction)
         cp = comm === nothing ? L.osft_comm_t(C_NULL) : _ptr(comm)
-        opts = Ref(L.osft_flce_options_t(; reduction = red, comm = cp, kwargs...))
+        opts = Ref(L.osft_flce_options_t(; reduction = red, chunking = _enum(_CHUNKINGS, chunking),
+                                           comm = cp, kwargs...))
         r = Ref{L.osft_flce_t}(C_NULL)
         check(L.osft_flce_create(_ptr(ctx), opts, r))
         return finalizer(_finalize, new(r[], ctx, comm))
@@ -266,10 +285,27 @@ One `osft_flce_compute` call. Inputs and outputs are arrays in the C shapes
 (use `cview`); outputs are written in place. Returns `nothing`; throws an
 `OsftError` (and writes nothing) on failure.
 """
-function compute!(ce::FLCE; x, weight, targets, bias = nothing, class_weight = nothing,
-                  grad_loss = nothing, loss = nothing, grad_x = nothing, grad_weight = nothing,
-                  grad_bias = nothing, z_loss = nothing, accuracy = nothing, argmax = nothing,
-                  token_loss = nothing, accumulate::Integer = 0)
+compute!(ce::FLCE; kwargs...) = _flce_call(L.osft_flce_compute, ce; kwargs...)
+
+"""
+    Osftrt.plan(ce::FLCE; x, weight, targets, ..., loss, grad_x, ...)
+
+Validates a call as `compute!` would, with the same keyword arguments, and
+returns its `osft_flce_plan_t` (`osft_flce_get_plan`) without computing or
+writing anything: `tokens`, `chunk_rows`, `chunks`, `scratch_bytes`,
+`budget_bytes`, and (library 1.2) `chunking` (`OSFT_FLCE_CHUNKING_TOKENS` or
+`OSFT_FLCE_CHUNKING_VOCAB`), `slices` and `slice_cols`.
+"""
+function plan(ce::FLCE; kwargs...)
+    r = Ref(_zeroed(L.osft_flce_plan_t))
+    _flce_call((h, inp, out) -> L.osft_flce_get_plan(h, inp, out, r), ce; kwargs...)
+    return r[]
+end
+
+function _flce_call(f, ce::FLCE; x, weight, targets, bias = nothing, class_weight = nothing,
+                    grad_loss = nothing, loss = nothing, grad_x = nothing, grad_weight = nothing,
+                    grad_bias = nothing, z_loss = nothing, accuracy = nothing, argmax = nothing,
+                    token_loss = nothing, accumulate::Integer = 0)
     ts = map(_t, (x, weight, targets, bias, class_weight, grad_loss, loss, grad_x,
                   grad_weight, grad_bias, z_loss, accuracy, argmax, token_loss))
     GC.@preserve ts begin
@@ -280,7 +316,7 @@ function compute!(ce::FLCE; x, weight, targets, bias = nothing, class_weight = n
                                           grad_bias = p[10], z_loss = p[11], accuracy = p[12],
                                           argmax = p[13], token_loss = p[14],
                                           accumulate = UInt32(accumulate)))
-        check(L.osft_flce_compute(_ptr(ce), inp, out))
+        check(f(_ptr(ce), inp, out))
     end
     return nothing
 end
@@ -407,19 +443,29 @@ mutable struct Comm <: Handle
 end
 _destroy(h::Comm) = L.osft_comm_destroy(h.ptr)
 
+const _ARITHMETICS = Dict(:auto => L.OSFT_PROJECTION_ARITHMETIC_AUTO,
+                          :exact => L.OSFT_PROJECTION_ARITHMETIC_EXACT,
+                          :fp32 => L.OSFT_PROJECTION_ARITHMETIC_FP32,
+                          :bf16 => L.OSFT_PROJECTION_ARITHMETIC_BF16)
+
 """
-    Projector(ctx; comm = nothing, check_consistency = 1)
+    Projector(ctx; comm = nothing, check_consistency = 1, arithmetic = :auto)
 
 OSFT gradient projection (`osftrt/projection.h`). Registered layers and
 gradient arrays are kept referenced until the projector is closed.
+`arithmetic` (library 1.2) is the update's arithmetic for every target:
+`:auto` (follows each gradient's or factor's dtype), `:exact`, `:fp32`,
+`:bf16`, or an `osft_projection_arithmetic_t`. `Osftrt.info(p)` reports
+what the projector holds and what its last call did.
 """
 mutable struct Projector <: Handle
     ptr::L.osft_projector_t
     ctx::Context
     comm::Any
     keep::Vector{Any}
-    function Projector(ctx::Context; comm = nothing, kwargs...)
-        opts = Ref(L.osft_projector_options_t(; kwargs...))
+    function Projector(ctx::Context; comm = nothing, arithmetic = L.OSFT_PROJECTION_ARITHMETIC_AUTO,
+                       kwargs...)
+        opts = Ref(L.osft_projector_options_t(; arithmetic = _enum(_ARITHMETICS, arithmetic), kwargs...))
         r = Ref{L.osft_projector_t}(C_NULL)
         cp = comm === nothing ? L.osft_comm_t(C_NULL) : _ptr(comm)
         check(L.osft_projector_create(_ptr(ctx), cp, opts, r))
@@ -440,6 +486,22 @@ export add_layer!
 
 project!(p::Projector) = (check(L.osft_projector_project(_ptr(p))); nothing)
 project_params!(p::Projector) = (check(L.osft_projector_project_params(_ptr(p))); nothing)
+"""
+    Osftrt.info(p::Projector)
+
+The projector's `osft_projector_info_t` (`osft_projector_get_info`):
+`targets`, `reduced_elements`, `collectives_per_project`,
+`coefficient_bytes`, `gathered_bytes`, `setup_pending`, and (library 1.2)
+what the last `project!` / `project_params!` did: `last_gemms`,
+`last_gemm_calls`, `last_elementwise_calls`, `last_collectives`,
+`last_host_waits` (all 0 before the first call).
+"""
+function info(p::Projector)
+    r = Ref(_zeroed(L.osft_projector_info_t))
+    check(L.osft_projector_get_info(_ptr(p), r))
+    return r[]
+end
+
 """`orthogonality(p)` -> `(max_u, max_v)`."""
 function orthogonality(p::Projector)
     u, v = Ref{Cdouble}(), Ref{Cdouble}()
@@ -511,21 +573,29 @@ function backward!(mlp::MLP, x, grad_y; grad_x = nothing, grad_gate = nothing,
     return nothing
 end
 
+const _QR_METHODS = Dict(:householder => L.OSFT_QR_HOUSEHOLDER,
+                         :cholesky_qr2 => L.OSFT_QR_CHOLESKY_QR2,
+                         :cholesky_tf32 => L.OSFT_QR_CHOLESKY_TF32)
+
 """
-    qr_batch!(ctx, as; q = nothing, r = nothing, method = OSFT_QR_HOUSEHOLDER, options...)
+    qr_batch!(ctx, as; q = nothing, r = nothing, method = :householder, options...)
 
 `osft_qr_batch` over the list `as` (row-major `m x n` matrices, `m >= n`,
 Float32 or Float64; use `cview`). `q === nothing` factors in place; `r` is
-`nothing` or a list (entries may be `nothing`). Returns the per-matrix
-statuses; throws `Osftrt.NumericalError` when a matrix failed (the others are
-written) and the other exceptions before writing anything.
+`nothing` or a list (entries may be `nothing`). `method` is `:householder`,
+`:cholesky_qr2`, `:cholesky_tf32` (library 1.2: TF32 Gram matrices for
+Float32 matrices, CholeskyQR2 for Float64) or an `osft_qr_method_t`; the
+other keyword arguments are fields of `osft_qr_options_t`. Returns the
+per-matrix statuses; throws `Osftrt.NumericalError` when a matrix failed
+(the others are written) and the other exceptions before writing anything.
 """
-function qr_batch!(ctx::Context, as::AbstractVector; q = nothing, r = nothing, kwargs...)
+function qr_batch!(ctx::Context, as::AbstractVector; q = nothing, r = nothing,
+                   method = L.OSFT_QR_HOUSEHOLDER, kwargs...)
     n = length(as)
     ta = Tensor[Tensor(a) for a in as]
     tq = q === nothing ? nothing : Tensor[Tensor(x) for x in q]
     tr = r === nothing ? nothing : Any[_t(x) for x in r]
-    opts = Ref(L.osft_qr_options_t(; kwargs...))
+    opts = Ref(L.osft_qr_options_t(; method = _enum(_QR_METHODS, method), kwargs...))
     status = fill(L.OSFT_STATUS_INTERNAL_ERROR, n)
     GC.@preserve ta tq tr status begin
         pa = Ptr{L.DLTensor}[_p(t) for t in ta]

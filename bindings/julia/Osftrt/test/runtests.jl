@@ -13,6 +13,21 @@ rng = MersenneTwister(20241125)
 rnd(T, dims...; s = 1.0) = T.(s .* (rand(rng, dims...) .* 2 .- 1) .+ s .* 0.01 .* sign.(randn(rng, dims...)))
 relerr(a, b) = maximum(abs.(Float64.(a) .- b)) / max(maximum(abs.(b)), 1e-30)
 
+# The mean cross-entropy of the logits W' X (features-first: X is H x M, W
+# is H x V, y 0-based) and its gradient G = dloss/dlogits (V x M), in float64.
+function flce_reference(X, W, y)
+    M = size(X, 2)
+    Z = W' * X                                  # V x M
+    mx = maximum(Z; dims = 1)
+    lse = vec(mx .+ log.(sum(exp.(Z .- mx); dims = 1)))
+    loss = sum(lse[i] - Z[y[i]+1, i] for i in 1:M) / M
+    G = exp.(Z .- reshape(lse, 1, :))
+    for i in 1:M
+        G[y[i]+1, i] -= 1
+    end
+    return loss, G ./ M
+end
+
 @testset "Osftrt" begin
 
 @testset "raw layer: symbols and layouts" begin
@@ -70,16 +85,7 @@ ctx = Context()
     compute!(ce; x = cview(xj), weight = cview(Wj), targets = y, loss = loss,
              grad_x = cview(gxj), grad_weight = cview(gWj))
     X, W = Float64.(xj), Float64.(Wj)
-    Z = W' * X                                  # V x M
-    mx = maximum(Z; dims = 1)
-    lse = vec(mx .+ log.(sum(exp.(Z .- mx); dims = 1)))
-    refloss = sum(lse[i] - Z[y[i]+1, i] for i in 1:M) / M
-    P = exp.(Z .- reshape(lse, 1, :))
-    G = copy(P)
-    for i in 1:M
-        G[y[i]+1, i] -= 1
-    end
-    G ./= M
+    refloss, G = flce_reference(X, W, y)
     @test abs(loss[1] - refloss) <= 1e-5 * abs(refloss)
     @test relerr(gxj, W * G) <= 1e-4
     @test relerr(gWj, X * G') <= 1e-4
@@ -204,6 +210,87 @@ end
         @test maximum(abs.(Qc * Rc - Ac)) <= 1e-12 * maximum(abs.(Ac)) * 10
         @test istriu(Rc) && all(diag(Rc) .>= 0)
     end
+end
+
+@testset "FLCE plans (library 1.2): token chunks and vocabulary slices vs float64" begin
+    H, V, M = 12, 50, 13
+    xj, Wj = rnd(Float32, H, M), rnd(Float32, H, V)
+    y = Int64.(rand(rng, 0:V-1, M))
+    X, W = Float64.(xj), Float64.(Wj)
+    refloss, G = flce_reference(X, W, y)
+    @test L.osft_flce_options_t().chunking == L.OSFT_FLCE_CHUNKING_AUTO
+    @test L.osft_flce_options_t().slice_cols == 0
+    # (options, chunking reported, chunks, slices, classes per slice)
+    cases = [(NamedTuple(), L.OSFT_FLCE_CHUNKING_TOKENS, 1, 1, V),
+             ((chunking = :tokens, chunk_rows = 4), L.OSFT_FLCE_CHUNKING_TOKENS, 4, 1, V),
+             ((chunking = :vocab, slice_cols = 16), L.OSFT_FLCE_CHUNKING_VOCAB, 1, 4, 16),
+             ((chunking = L.OSFT_FLCE_CHUNKING_VOCAB, chunk_rows = 5, slice_cols = 20),
+              L.OSFT_FLCE_CHUNKING_VOCAB, 3, 3, 20)]
+    for (opts, chunking, chunks, slices, cols) in cases
+        ce = FLCE(ctx; opts...)
+        loss, gxj, gWj = [NaN32], fill(NaN32, H, M), fill(NaN32, H, V)
+        io = (x = cview(xj), weight = cview(Wj), targets = y, loss = loss, grad_x = cview(gxj),
+              grad_weight = cview(gWj))
+        pl = Osftrt.plan(ce; io...)
+        @test isnan(loss[1]) && all(isnan, gxj)  # the plan writes nothing
+        @test pl.tokens == M && pl.chunking == chunking && pl.chunks == chunks
+        @test pl.slices == slices && pl.slice_cols == cols && pl.scratch_bytes > 0
+        compute!(ce; io...)
+        @test abs(loss[1] - refloss) <= 1e-5 * abs(refloss)
+        @test relerr(gxj, W * G) <= 1e-4
+        @test relerr(gWj, X * G') <= 1e-4
+        close(ce)
+    end
+    @test_throws ArgumentError FLCE(ctx; chunking = :rows)
+    @test_throws Osftrt.InvalidArgument FLCE(ctx; slice_cols = -1)
+    @test_throws Osftrt.InvalidArgument FLCE(ctx; chunking = L.osft_flce_chunking_t(7))
+end
+
+@testset "projection arithmetics (library 1.2) and last-call counters" begin
+    N, K = 10, 12
+    layer = FLinear(ctx, cview(rnd(Float32, K, N)); rank_ratio = 0.5)
+    n, k, r, l = Osftrt.dims(layer)
+    Uh = Float64.(collect(factor(layer, :u_high)))  # N x r
+    Vh = Float64.(collect(factor(layer, :v_high)))  # r x K
+    gU0, gV0 = rnd(Float32, l, N), rnd(Float32, K, l)  # C shapes N x l, l x K
+    dU, dV = Float64.(cview(gU0)), Float64.(cview(gV0))
+    wantU, wantV = dU - Uh * (Uh' * dU), dV - (dV * Vh') * Vh
+    @test L.osft_projector_options_t().arithmetic == L.OSFT_PROJECTION_ARITHMETIC_AUTO
+    for a in (:auto, :exact, :fp32, :bf16, L.OSFT_PROJECTION_ARITHMETIC_FP32)
+        p = Projector(ctx; arithmetic = a)
+        gU, gV = copy(gU0), copy(gV0)
+        add_layer!(p, layer; grad_u_low = cview(gU), grad_v_low = cview(gV))
+        i0 = Osftrt.info(p)
+        @test (i0.last_gemms, i0.last_gemm_calls, i0.last_elementwise_calls,
+               i0.last_collectives, i0.last_host_waits) == (0, 0, 0, 0, 0)
+        project!(p)
+        @test relerr(cview(gU), wantU) <= 1e-4
+        @test relerr(cview(gV), wantV) <= 1e-4
+        i1 = Osftrt.info(p)
+        @test i1.targets == 1 && i1.last_gemms >= 4
+        @test 1 <= i1.last_gemm_calls <= i1.last_gemms
+        @test i1.last_collectives == 0 && i1.last_host_waits == 0
+        close(p)
+    end
+    @test_throws ArgumentError Projector(ctx; arithmetic = :tf32)
+    @test_throws Osftrt.InvalidArgument Projector(ctx; arithmetic = L.osft_projection_arithmetic_t(9))
+    close(layer)
+end
+
+@testset "batched QR: method = :cholesky_tf32 (library 1.2) on Float32" begin
+    As = [rnd(Float32, 8, 40), rnd(Float32, 3, 16)]        # C A: 40 x 8, 16 x 3
+    Qs = [fill(NaN32, size(A)) for A in As]
+    Rs = [fill(NaN32, size(A, 1), size(A, 1)) for A in As]
+    st = qr_batch!(ctx, [cview(A) for A in As]; q = [cview(Q) for Q in Qs], r = [cview(R) for R in Rs],
+                   method = :cholesky_tf32)
+    @test all(==(L.OSFT_STATUS_SUCCESS), st)
+    for (A, Q, R) in zip(As, Qs, Rs)
+        Ac, Qc, Rc = Float64.(cview(A)), Float64.(cview(Q)), Float64.(cview(R))
+        @test maximum(abs.(Qc' * Qc - I)) <= 1e-5
+        @test maximum(abs.(Qc * Rc - Ac)) <= 1e-5 * maximum(abs.(Ac))
+        @test istriu(Rc) && all(diag(Rc) .>= 0)
+    end
+    @test_throws ArgumentError qr_batch!(ctx, [cview(As[1])]; method = :givens)
 end
 
 close(ctx)

@@ -30,6 +30,46 @@ pub enum Accumulator {
     Output,
 }
 
+/// What a call chunks (see "The vocabulary plan" in `osftrt/flce.h`).
+/// (Library 1.2.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Chunking {
+    /// The planner picks the plan its cost model finds cheaper (the
+    /// default). Never reported by [`Flce::plan`].
+    Auto,
+    /// Chunks of tokens over the whole vocabulary (three GEMMs, `grad_weight`
+    /// summed over the chunks).
+    Tokens,
+    /// Tiles of tokens x vocabulary slices in two passes (four GEMMs' worth,
+    /// `grad_weight` written once per token tile).
+    Vocab,
+}
+
+impl Default for Chunking {
+    /// [`Chunking::Auto`], the library's default.
+    fn default() -> Self {
+        Chunking::Auto
+    }
+}
+
+impl Chunking {
+    fn raw(self) -> sys::osft_flce_chunking_t {
+        match self {
+            Chunking::Auto => sys::OSFT_FLCE_CHUNKING_AUTO,
+            Chunking::Tokens => sys::OSFT_FLCE_CHUNKING_TOKENS,
+            Chunking::Vocab => sys::OSFT_FLCE_CHUNKING_VOCAB,
+        }
+    }
+
+    fn from_raw(c: sys::osft_flce_chunking_t) -> Chunking {
+        match c {
+            sys::OSFT_FLCE_CHUNKING_TOKENS => Chunking::Tokens,
+            sys::OSFT_FLCE_CHUNKING_VOCAB => Chunking::Vocab,
+            _ => Chunking::Auto,
+        }
+    }
+}
+
 /// Options of a [`Flce`] handle; `Default` is the library's defaults.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FlceOptions {
@@ -58,6 +98,12 @@ pub struct FlceOptions {
     /// target then gives a NaN loss instead of an error, and
     /// [`Flce::check_targets`] reports it later. Default `false`. (1.1)
     pub device_target_check: bool,
+    /// Token chunks or vocabulary slices; [`FlcePlan::chunking`] says which
+    /// a call takes. Default [`Chunking::Auto`]. (1.2)
+    pub chunking: Chunking,
+    /// The vocabulary plan: at most this many classes per slice (0: as the
+    /// budget allows, balanced over the slices). Default 0. (1.2)
+    pub slice_cols: i64,
 }
 
 fn raw_options() -> sys::osft_flce_options_t {
@@ -97,6 +143,8 @@ impl FlceOptions {
             vocab_offset: o.vocab_offset,
             vocab_size_global: o.vocab_size_global,
             device_target_check: o.device_target_check != 0,
+            chunking: Chunking::from_raw(o.chunking),
+            slice_cols: o.slice_cols,
         }
     }
 
@@ -121,6 +169,8 @@ impl FlceOptions {
         o.vocab_offset = self.vocab_offset;
         o.vocab_size_global = self.vocab_size_global;
         o.device_target_check = self.device_target_check as i32;
+        o.chunking = self.chunking.raw();
+        o.slice_cols = self.slice_cols;
         o
     }
 }
@@ -186,14 +236,22 @@ pub struct FlceOutputs<'a> {
 pub struct FlcePlan {
     /// Tokens M.
     pub tokens: i64,
-    /// Tokens per chunk.
+    /// Tokens per chunk (per token tile with [`Chunking::Vocab`]).
     pub chunk_rows: i64,
-    /// Number of chunks.
+    /// Number of chunks (token tiles with [`Chunking::Vocab`]).
     pub chunks: i64,
     /// Workspace bytes the call takes.
     pub scratch_bytes: u64,
     /// The bound it was planned against.
     pub budget_bytes: u64,
+    /// The plan taken: [`Chunking::Tokens`] or [`Chunking::Vocab`], never
+    /// [`Chunking::Auto`]. (1.2)
+    pub chunking: Chunking,
+    /// Vocabulary slices per token tile (1 for the token plan). (1.2)
+    pub slices: i64,
+    /// Classes per slice, the last may have fewer (V for the token plan).
+    /// (1.2)
+    pub slice_cols: i64,
 }
 
 /// A fused linear cross-entropy handle (the loss settings), on a context.
@@ -332,6 +390,9 @@ impl<'a> Flce<'a> {
             chunks: p.chunks,
             scratch_bytes: p.scratch_bytes,
             budget_bytes: p.budget_bytes,
+            chunking: Chunking::from_raw(p.chunking),
+            slices: p.slices,
+            slice_cols: p.slice_cols,
         })
     }
 

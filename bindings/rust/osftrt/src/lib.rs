@@ -114,14 +114,17 @@ pub use comm::{
 };
 pub use context::{device_count, Context, ContextOptions, DeviceType, HostAllocator, MemoryStats};
 pub use error::{clear_last_error, last_error_message, Error, Result, Status};
-pub use flce::{Accumulator, Flce, FlceInputs, FlceOptions, FlceOutputs, FlcePlan, Reduction};
+pub use flce::{
+    Accumulator, Chunking, Flce, FlceInputs, FlceOptions, FlceOutputs, FlcePlan, Reduction,
+};
 pub use flinear::{
     FLinear, Factor, FactorGrads, FactorMut, FactorRef, Factors, FlinearDims, FlinearGrads,
     FlinearOptions, Pass, Strategy,
 };
 pub use mlp::{Mlp, MlpGrads, MlpOptions, MlpVariant, MlpWeights, Projection, Tiling};
 pub use projection::{
-    PartTarget, ProjectionGrads, Projector, ProjectorInfo, ProjectorOptions, ShardLayout, Target,
+    Arithmetic, PartTarget, ProjectionGrads, Projector, ProjectorInfo, ProjectorOptions,
+    ShardLayout, Target,
 };
 pub use qr::{QrMethod, QrOptions};
 pub use tensor::{Bf16, DType, Device, Element, Tensor, TensorMut, MAX_DIMS};

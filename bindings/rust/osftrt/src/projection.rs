@@ -36,11 +36,52 @@ impl ShardLayout {
     }
 }
 
+/// The arithmetic of the update `x -= U_high C` (or `x -= C V_high`), `x`
+/// a gradient or a trainable factor; `C` is always accumulated in fp32.
+/// (Library 1.2.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Arithmetic {
+    /// Follows `x`'s dtype: fp32 gets the exact update; bf16 one bf16 GEMM
+    /// where bf16 GEMMs are native (CUDA, oneMKL), else fp32. The default.
+    Auto,
+    /// `C` to about fp32 accuracy (two bf16 GEMMs against `C` split into
+    /// bf16 halves where bf16 GEMMs are native, else one fp32 GEMM).
+    Exact,
+    /// One fp32 GEMM (TF32 on CUDA when the context allows TF32).
+    Fp32,
+    /// One bf16 GEMM against `C` rounded to bf16; parts with fp32
+    /// `U_high` / `V_high` use [`Arithmetic::Fp32`].
+    Bf16,
+}
+
+impl Arithmetic {
+    fn raw(self) -> sys::osft_projection_arithmetic_t {
+        match self {
+            Arithmetic::Auto => sys::OSFT_PROJECTION_ARITHMETIC_AUTO,
+            Arithmetic::Exact => sys::OSFT_PROJECTION_ARITHMETIC_EXACT,
+            Arithmetic::Fp32 => sys::OSFT_PROJECTION_ARITHMETIC_FP32,
+            Arithmetic::Bf16 => sys::OSFT_PROJECTION_ARITHMETIC_BF16,
+        }
+    }
+
+    fn from_raw(a: sys::osft_projection_arithmetic_t) -> Arithmetic {
+        match a {
+            sys::OSFT_PROJECTION_ARITHMETIC_EXACT => Arithmetic::Exact,
+            sys::OSFT_PROJECTION_ARITHMETIC_FP32 => Arithmetic::Fp32,
+            sys::OSFT_PROJECTION_ARITHMETIC_BF16 => Arithmetic::Bf16,
+            _ => Arithmetic::Auto,
+        }
+    }
+}
+
 /// Options of a projector; `Default` is the library's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProjectorOptions {
     /// Check at setup that every rank registered the same targets.
     pub check_consistency: bool,
+    /// The update's arithmetic for every target. Default
+    /// [`Arithmetic::Auto`]. (Library 1.2.)
+    pub arithmetic: Arithmetic,
 }
 
 impl Default for ProjectorOptions {
@@ -48,6 +89,7 @@ impl Default for ProjectorOptions {
         let o = raw_options();
         ProjectorOptions {
             check_consistency: o.check_consistency != 0,
+            arithmetic: Arithmetic::from_raw(o.arithmetic),
         }
     }
 }
@@ -111,6 +153,20 @@ pub struct ProjectorInfo {
     pub gathered_bytes: u64,
     /// Whether the next call runs the setup collectives.
     pub setup_pending: bool,
+    /// GEMMs computed by the last [`Projector::project`] or
+    /// [`Projector::project_params`] call (0 before the first). (Library 1.2.)
+    pub last_gemms: i64,
+    /// Backend GEMM calls of the last call: targets with the same shapes,
+    /// dtypes and arithmetic share one batched call, so this is at most
+    /// `last_gemms`. (Library 1.2.)
+    pub last_gemm_calls: i64,
+    /// Conversions, splits and adds of the last call. (Library 1.2.)
+    pub last_elementwise_calls: i64,
+    /// Collectives the last call launched (its setup included). (Library 1.2.)
+    pub last_collectives: i64,
+    /// Times the last call waited for the device (0 on the steady path).
+    /// (Library 1.2.)
+    pub last_host_waits: i64,
 }
 
 enum Registered<'a> {
@@ -152,6 +208,7 @@ impl<'a> Projector<'a> {
     ) -> Result<Projector<'a>> {
         let mut o = raw_options();
         o.check_consistency = opts.check_consistency as i32;
+        o.arithmetic = opts.arithmetic.raw();
         let mut raw = ptr::null_mut();
         // SAFETY: a live context and communicator (borrowed for 'a), valid
         // options and out-pointer.
@@ -368,6 +425,11 @@ impl<'a> Projector<'a> {
             coefficient_bytes: i.coefficient_bytes,
             gathered_bytes: i.gathered_bytes,
             setup_pending: i.setup_pending != 0,
+            last_gemms: i.last_gemms,
+            last_gemm_calls: i.last_gemm_calls,
+            last_elementwise_calls: i.last_elementwise_calls,
+            last_collectives: i.last_collectives,
+            last_host_waits: i.last_host_waits,
         })
     }
 }

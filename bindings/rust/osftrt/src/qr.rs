@@ -14,6 +14,10 @@ pub enum QrMethod {
     Householder,
     /// CholeskyQR2, checked per matrix, with a Householder fall-back.
     CholeskyQr2,
+    /// For fp32 matrices: three CholeskyQR passes whose Gram matrices are
+    /// TF32 GEMMs, then one fp64 pass; checked, with the Householder
+    /// fall-back. fp64 matrices run [`QrMethod::CholeskyQr2`]. (Library 1.2.)
+    CholeskyTf32,
 }
 
 /// Options of the QR calls; `Default` is the library's defaults (all 0).
@@ -33,10 +37,10 @@ impl Default for QrOptions {
     fn default() -> Self {
         let o = raw_options();
         QrOptions {
-            method: if o.method == sys::OSFT_QR_CHOLESKY_QR2 {
-                QrMethod::CholeskyQr2
-            } else {
-                QrMethod::Householder
+            method: match o.method {
+                sys::OSFT_QR_CHOLESKY_QR2 => QrMethod::CholeskyQr2,
+                sys::OSFT_QR_CHOLESKY_TF32 => QrMethod::CholeskyTf32,
+                _ => QrMethod::Householder,
             },
             orthogonality_threshold: o.orthogonality_threshold,
             rank_tolerance: o.rank_tolerance,
@@ -66,6 +70,7 @@ impl QrOptions {
         o.method = match self.method {
             QrMethod::Householder => sys::OSFT_QR_HOUSEHOLDER,
             QrMethod::CholeskyQr2 => sys::OSFT_QR_CHOLESKY_QR2,
+            QrMethod::CholeskyTf32 => sys::OSFT_QR_CHOLESKY_TF32,
         };
         o.orthogonality_threshold = self.orthogonality_threshold;
         o.rank_tolerance = self.rank_tolerance;

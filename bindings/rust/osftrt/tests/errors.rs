@@ -96,6 +96,17 @@ fn invalid_options_are_refused() {
     .unwrap();
     assert_eq!(e.status(), Status::InvalidArgument);
     assert!(e.message().contains("label_smoothing"), "{e}");
+    let e = Flce::new(
+        &ctx,
+        &FlceOptions {
+            slice_cols: -1,
+            ..Default::default()
+        },
+    )
+    .err()
+    .unwrap();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("slice_cols"), "{e}");
     let e = Comm::new_self(
         &ctx,
         &CommOptions {

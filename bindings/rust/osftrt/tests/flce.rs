@@ -168,6 +168,25 @@ fn run_f32(opts: FlceOptions, seed: u64) {
     let plan = ce.plan(&inputs, &mut out).unwrap();
     assert_eq!(plan.tokens, m as i64);
     assert!(plan.chunks >= 1 && plan.chunk_rows >= 1);
+    let ceil = |a: i64, b: i64| (a + b - 1) / b;
+    if opts.chunk_rows > 0 {
+        assert_eq!(plan.chunks, ceil(m as i64, opts.chunk_rows), "{plan:?}");
+    }
+    if opts.chunking != Chunking::Auto {
+        assert_eq!(plan.chunking, opts.chunking, "{plan:?}");
+    }
+    match plan.chunking {
+        Chunking::Vocab => {
+            if opts.slice_cols > 0 {
+                assert_eq!(plan.slice_cols, opts.slice_cols, "{plan:?}");
+            }
+            assert_eq!(plan.slices, ceil(v as i64, plan.slice_cols), "{plan:?}");
+        }
+        Chunking::Tokens => {
+            assert_eq!((plan.slices, plan.slice_cols), (1, v as i64), "{plan:?}")
+        }
+        Chunking::Auto => panic!("the plan reports Auto: {plan:?}"),
+    }
     ce.compute(&inputs, &mut out).unwrap();
     assert_close("loss", &[loss], &[want.loss], 2e-5, 1e-6);
     assert_close("z_loss", &[zl], &[want.z_loss], 2e-5, 1e-7);
@@ -194,19 +213,46 @@ fn flce_mean_with_bias_class_weights_and_ignore() {
     run_f32(FlceOptions::default(), 1);
 }
 
+/// Label smoothing, z-loss, softcap, a sum, an ignore index that is a
+/// class, and several token chunks (of 4, 4 and 1 rows).
+fn smoothing_zloss_softcap_sum() -> FlceOptions {
+    FlceOptions {
+        label_smoothing: 0.1,
+        z_loss_scale: 1e-3,
+        softcap: 3.0,
+        reduction: Reduction::Sum,
+        chunk_rows: 4,
+        ignore_index: 5,
+        ..Default::default()
+    }
+}
+
 #[test]
 fn flce_smoothing_zloss_softcap_sum() {
+    run_f32(smoothing_zloss_softcap_sum(), 2);
+}
+
+/// The vocabulary plan (tiles of tokens x vocabulary slices) with every
+/// option and output, and the token plan forced: the same float64
+/// reference. (Library 1.2.)
+#[test]
+fn flce_vocab_plan_with_every_option() {
+    let vocab = |slice_cols, base| FlceOptions {
+        chunking: Chunking::Vocab,
+        slice_cols,
+        ..base
+    };
+    // 3 slices of 4, 4 and 3 classes, one token tile
+    run_f32(vocab(4, FlceOptions::default()), 4);
+    // 3 slices of 5, 5 and 1 classes per token tile of 4, 4 and 1 rows
+    run_f32(vocab(5, smoothing_zloss_softcap_sum()), 5);
     run_f32(
         FlceOptions {
-            label_smoothing: 0.1,
-            z_loss_scale: 1e-3,
-            softcap: 3.0,
-            reduction: Reduction::Sum,
-            chunk_rows: 4, // several chunks
-            ignore_index: 5,
+            chunking: Chunking::Tokens,
+            chunk_rows: 2,
             ..Default::default()
         },
-        2,
+        6,
     );
 }
 
@@ -217,11 +263,15 @@ fn flce_options_round_trip() {
         label_smoothing: 0.2,
         chunk_rows: 3,
         reduction: Reduction::None,
+        chunking: Chunking::Vocab,
+        slice_cols: 7,
         ..Default::default()
     };
     let ce = Flce::new(&ctx, &o).unwrap();
     assert_eq!(ce.options().unwrap(), o);
-    assert_eq!(FlceOptions::default().ignore_index, -100);
+    let d = FlceOptions::default();
+    assert_eq!(d.ignore_index, -100);
+    assert_eq!((d.chunking, d.slice_cols), (Chunking::Auto, 0));
 }
 
 #[test]

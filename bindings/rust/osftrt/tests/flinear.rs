@@ -358,6 +358,7 @@ fn projection_of_framework_targets() {
         None,
         &ProjectorOptions {
             check_consistency: true,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -417,6 +418,131 @@ fn projection_of_framework_targets() {
     assert!(ou <= 1e-5, "orthogonality {ou}");
     drop(p);
     assert_close("projected U_low", &ul, &want, 1e-5, 1e-6);
+}
+
+fn replicated<'a>(high: &'a [f32], low: TensorMut<'a>, rows: usize, cols: usize) -> PartTarget<'a> {
+    PartTarget {
+        high: Tensor::new(high, &[rows as i64, cols as i64]).unwrap(),
+        low,
+        layout: ShardLayout::Replicated,
+        shards: vec![],
+    }
+}
+
+/// Every arithmetic projects fp32 gradients of a U and a V part as the
+/// float64 reference does (fp32 parts take the fp32 update under each), and
+/// the info counts what the last call did.
+#[test]
+fn projection_arithmetics_and_last_call_counters() {
+    let (n, k, r, l) = (9usize, 7usize, 3usize, 2usize);
+    let mut rng = Rng::new(43);
+    let (u, _) = gram_schmidt(&rng.vec_f64(n * r, 1.0), n, r);
+    let (vt, _) = gram_schmidt(&rng.vec_f64(k * r, 1.0), k, r); // V_high^T: k x r
+    let uh: Vec<f32> = u.iter().map(|&x| x as f32).collect();
+    let vh: Vec<f32> = transpose(&vt, k, r).iter().map(|&x| x as f32).collect(); // r x k
+    let (u64h, v64h) = (to_f64(&uh), to_f64(&vh));
+    let gu0 = rng.vec_f32(n * l, 1.0);
+    let gv0 = rng.vec_f32(l * k, 1.0);
+    // dU - U_high (U_high^T dU) and dV - (dV V_high^T) V_high
+    let (gu, gv) = (to_f64(&gu0), to_f64(&gv0));
+    let pu = matmul(
+        &u64h,
+        &matmul(&transpose(&u64h, n, r), &gu, r, n, l),
+        n,
+        r,
+        l,
+    );
+    let pv = matmul(
+        &matmul(&gv, &transpose(&v64h, r, k), l, k, r),
+        &v64h,
+        l,
+        r,
+        k,
+    );
+    let want_u: Vec<f64> = gu.iter().zip(&pu).map(|(a, b)| a - b).collect();
+    let want_v: Vec<f64> = gv.iter().zip(&pv).map(|(a, b)| a - b).collect();
+    assert_eq!(ProjectorOptions::default().arithmetic, Arithmetic::Auto);
+    let ctx = Context::cpu().unwrap();
+    for arithmetic in [
+        Arithmetic::Auto,
+        Arithmetic::Exact,
+        Arithmetic::Fp32,
+        Arithmetic::Bf16,
+    ] {
+        let mut ul = rng.vec_f32(n * l, 1.0);
+        let mut vl = rng.vec_f32(l * k, 1.0);
+        let mut p = Projector::new(
+            &ctx,
+            None,
+            &ProjectorOptions {
+                arithmetic,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let idx = p
+            .add_target(Target {
+                u: Some(replicated(
+                    &uh,
+                    TensorMut::new(&mut ul, &[n as i64, l as i64]).unwrap(),
+                    n,
+                    r,
+                )),
+                v: Some(replicated(
+                    &vh,
+                    TensorMut::new(&mut vl, &[l as i64, k as i64]).unwrap(),
+                    r,
+                    k,
+                )),
+            })
+            .unwrap();
+        let before = p.info().unwrap();
+        assert_eq!(
+            (
+                before.last_gemms,
+                before.last_gemm_calls,
+                before.last_elementwise_calls,
+                before.last_collectives,
+                before.last_host_waits
+            ),
+            (0, 0, 0, 0, 0),
+            "{arithmetic:?}: {before:?}"
+        );
+        let (mut g_u, mut g_v) = (gu0.clone(), gv0.clone());
+        p.project(&mut [ProjectionGrads {
+            target: idx,
+            grad_u_low: Some(TensorMut::new(&mut g_u, &[n as i64, l as i64]).unwrap()),
+            grad_v_low: Some(TensorMut::new(&mut g_v, &[l as i64, k as i64]).unwrap()),
+        }])
+        .unwrap();
+        assert_close(
+            &format!("{arithmetic:?} grad_u_low"),
+            &g_u,
+            &want_u,
+            1e-5,
+            1e-6,
+        );
+        assert_close(
+            &format!("{arithmetic:?} grad_v_low"),
+            &g_v,
+            &want_v,
+            1e-5,
+            1e-6,
+        );
+        // two parts, each C and the update: at least 4 GEMMs, no collective
+        // (one rank), no wait on the CPU
+        let i = p.info().unwrap();
+        assert!(i.last_gemms >= 4, "{arithmetic:?}: {i:?}");
+        assert!(
+            i.last_gemm_calls >= 1 && i.last_gemm_calls <= i.last_gemms,
+            "{arithmetic:?}: {i:?}"
+        );
+        assert_eq!(
+            (i.last_collectives, i.last_host_waits),
+            (0, 0),
+            "{arithmetic:?}: {i:?}"
+        );
+    }
 }
 
 #[test]

@@ -34,7 +34,13 @@ fn qr_batch_mixed_shapes_and_dtypes() {
     let (mut q0, mut q1, mut q2) = (vec![f32::NAN; 36], vec![f64::NAN; 36], vec![f32::NAN; 48]);
     let (mut r0, mut r1) = (vec![f32::NAN; 16], vec![f64::NAN; 36]);
     let ctx = Context::cpu().unwrap();
-    for method in [QrMethod::Householder, QrMethod::CholeskyQr2] {
+    // CholeskyTf32 factors the fp32 matrices with TF32 Gram matrices (the
+    // CPU truncates the operands to TF32) and the fp64 one as CholeskyQr2.
+    for method in [
+        QrMethod::Householder,
+        QrMethod::CholeskyQr2,
+        QrMethod::CholeskyTf32,
+    ] {
         let opts = QrOptions {
             method,
             ..Default::default()

@@ -197,6 +197,22 @@ typedef long long swig_type_164;
 typedef long long swig_type_165;
 typedef long long swig_type_166;
 typedef long long swig_type_167;
+typedef long long swig_type_168;
+typedef long long swig_type_169;
+typedef long long swig_type_170;
+typedef long long swig_type_171;
+typedef long long swig_type_172;
+typedef long long swig_type_173;
+typedef long long swig_type_174;
+typedef long long swig_type_175;
+typedef long long swig_type_176;
+typedef long long swig_type_177;
+typedef long long swig_type_178;
+typedef long long swig_type_179;
+typedef long long swig_type_180;
+typedef long long swig_type_181;
+typedef long long swig_type_182;
+typedef long long swig_type_183;
 extern void _wrap_Swig_free_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_Swig_malloc_capi_osftrt(swig_intgo arg1);
 extern swig_intgo _wrap_OSFT_ALLOCATOR_INIT_capi_osftrt(uintptr_t arg1);
@@ -531,10 +547,16 @@ extern swig_intgo _wrap_OSFT_SHARD_REPLICATED_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_SHARD_U_ROWS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_SHARD_V_ROWS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_SHARD_V_COLS_capi_osftrt(void);
+extern swig_intgo _wrap_OSFT_PROJECTION_ARITHMETIC_AUTO_capi_osftrt(void);
+extern swig_intgo _wrap_OSFT_PROJECTION_ARITHMETIC_EXACT_capi_osftrt(void);
+extern swig_intgo _wrap_OSFT_PROJECTION_ARITHMETIC_FP32_capi_osftrt(void);
+extern swig_intgo _wrap_OSFT_PROJECTION_ARITHMETIC_BF16_capi_osftrt(void);
 extern void _wrap_osft_projector_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_91 arg2);
 extern swig_type_92 _wrap_osft_projector_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projector_options_t_check_consistency_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_projector_options_t_check_consistency_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_options_t_arithmetic_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
+extern swig_intgo _wrap_osft_projector_options_t_arithmetic_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_projector_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_projector_options_t_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_projector_options_init_capi_osftrt(uintptr_t arg1, swig_type_93 arg2);
@@ -591,6 +613,16 @@ extern void _wrap_osft_projector_info_t_gathered_bytes_set_capi_osftrt(uintptr_t
 extern swig_type_113 _wrap_osft_projector_info_t_gathered_bytes_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projector_info_t_setup_pending_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_projector_info_t_setup_pending_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_last_gemms_set_capi_osftrt(uintptr_t arg1, swig_type_114 arg2);
+extern swig_type_115 _wrap_osft_projector_info_t_last_gemms_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_last_gemm_calls_set_capi_osftrt(uintptr_t arg1, swig_type_116 arg2);
+extern swig_type_117 _wrap_osft_projector_info_t_last_gemm_calls_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_last_elementwise_calls_set_capi_osftrt(uintptr_t arg1, swig_type_118 arg2);
+extern swig_type_119 _wrap_osft_projector_info_t_last_elementwise_calls_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_last_collectives_set_capi_osftrt(uintptr_t arg1, swig_type_120 arg2);
+extern swig_type_121 _wrap_osft_projector_info_t_last_collectives_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_last_host_waits_set_capi_osftrt(uintptr_t arg1, swig_type_122 arg2);
+extern swig_type_123 _wrap_osft_projector_info_t_last_host_waits_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_projector_info_t_capi_osftrt(void);
 extern void _wrap_delete_osft_projector_info_t_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_projector_get_info_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -604,8 +636,8 @@ extern swig_intgo _wrap_OSFT_MLP_RELU_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_TILING_AUTO_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_TILING_TOKENS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_TILING_BUDGET_capi_osftrt(void);
-extern void _wrap_osft_mlp_weights_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_114 arg2);
-extern swig_type_115 _wrap_osft_mlp_weights_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_mlp_weights_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_124 arg2);
+extern swig_type_125 _wrap_osft_mlp_weights_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_weights_t_gate_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_mlp_weights_t_gate_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_weights_t_up_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -626,26 +658,26 @@ extern void _wrap_osft_mlp_weights_t_down_bias_set_capi_osftrt(uintptr_t arg1, u
 extern uintptr_t _wrap_osft_mlp_weights_t_down_bias_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_mlp_weights_t_capi_osftrt(void);
 extern void _wrap_delete_osft_mlp_weights_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_mlp_weights_init_capi_osftrt(uintptr_t arg1, swig_type_116 arg2);
-extern void _wrap_osft_mlp_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_117 arg2);
-extern swig_type_118 _wrap_osft_mlp_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_mlp_weights_init_capi_osftrt(uintptr_t arg1, swig_type_126 arg2);
+extern void _wrap_osft_mlp_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_127 arg2);
+extern swig_type_128 _wrap_osft_mlp_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_options_t_tiling_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_mlp_options_t_tiling_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_mlp_options_t_tile_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_119 arg2);
-extern swig_type_120 _wrap_osft_mlp_options_t_tile_tokens_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_mlp_options_t_memory_budget_set_capi_osftrt(uintptr_t arg1, swig_type_121 arg2);
-extern swig_type_122 _wrap_osft_mlp_options_t_memory_budget_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_mlp_options_t_tile_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_129 arg2);
+extern swig_type_130 _wrap_osft_mlp_options_t_tile_tokens_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_mlp_options_t_memory_budget_set_capi_osftrt(uintptr_t arg1, swig_type_131 arg2);
+extern swig_type_132 _wrap_osft_mlp_options_t_memory_budget_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_options_t_dtype_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_mlp_options_t_dtype_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_mlp_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_mlp_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_mlp_options_init_capi_osftrt(uintptr_t arg1, swig_type_123 arg2);
-extern swig_intgo _wrap_osft_mlp_create_capi_osftrt(uintptr_t arg1, swig_intgo arg2, swig_type_124 arg3, swig_type_125 arg4, uintptr_t arg5, uintptr_t arg6, swig_voidp arg7);
+extern swig_intgo _wrap_osft_mlp_options_init_capi_osftrt(uintptr_t arg1, swig_type_133 arg2);
+extern swig_intgo _wrap_osft_mlp_create_capi_osftrt(uintptr_t arg1, swig_intgo arg2, swig_type_134 arg3, swig_type_135 arg4, uintptr_t arg5, uintptr_t arg6, swig_voidp arg7);
 extern swig_intgo _wrap_osft_mlp_destroy_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_mlp_get_tile_count_capi_osftrt(uintptr_t arg1, swig_type_126 arg2, swig_voidp arg3, swig_voidp arg4);
-extern swig_intgo _wrap_osft_mlp_forward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_type_127 arg4);
-extern void _wrap_osft_mlp_grads_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_128 arg2);
-extern swig_type_129 _wrap_osft_mlp_grads_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_mlp_get_tile_count_capi_osftrt(uintptr_t arg1, swig_type_136 arg2, swig_voidp arg3, swig_voidp arg4);
+extern swig_intgo _wrap_osft_mlp_forward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_type_137 arg4);
+extern void _wrap_osft_mlp_grads_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_138 arg2);
+extern swig_type_139 _wrap_osft_mlp_grads_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_grads_t_grad_x_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_mlp_grads_t_grad_x_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_grads_t_grad_gate_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -678,17 +710,20 @@ extern swig_intgo _wrap_OSFT_MLP_ACCUMULATE_GRAD_GATE_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_ACCUMULATE_GRAD_UP_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_ACCUMULATE_GRAD_DOWN_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_ACCUMULATE_ALL_capi_osftrt(void);
-extern swig_intgo _wrap_osft_mlp_grads_init_capi_osftrt(uintptr_t arg1, swig_type_130 arg2);
-extern swig_intgo _wrap_osft_mlp_backward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4, swig_type_131 arg5);
+extern swig_intgo _wrap_osft_mlp_grads_init_capi_osftrt(uintptr_t arg1, swig_type_140 arg2);
+extern swig_intgo _wrap_osft_mlp_backward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4, swig_type_141 arg5);
 extern swig_intgo _wrap_OSFT_FLCE_MEAN_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_SUM_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_NONE_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATOR_FP32_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATOR_OUTPUT_capi_osftrt(void);
-extern void _wrap_osft_flce_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_132 arg2);
-extern swig_type_133 _wrap_osft_flce_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_ignore_index_set_capi_osftrt(uintptr_t arg1, swig_type_134 arg2);
-extern swig_type_135 _wrap_osft_flce_options_t_ignore_index_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_OSFT_FLCE_CHUNKING_AUTO_capi_osftrt(void);
+extern swig_intgo _wrap_OSFT_FLCE_CHUNKING_TOKENS_capi_osftrt(void);
+extern swig_intgo _wrap_OSFT_FLCE_CHUNKING_VOCAB_capi_osftrt(void);
+extern void _wrap_osft_flce_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_142 arg2);
+extern swig_type_143 _wrap_osft_flce_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_ignore_index_set_capi_osftrt(uintptr_t arg1, swig_type_144 arg2);
+extern swig_type_145 _wrap_osft_flce_options_t_ignore_index_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_label_smoothing_set_capi_osftrt(uintptr_t arg1, double arg2);
 extern double _wrap_osft_flce_options_t_label_smoothing_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_z_loss_scale_set_capi_osftrt(uintptr_t arg1, double arg2);
@@ -699,26 +734,30 @@ extern void _wrap_osft_flce_options_t_reduction_set_capi_osftrt(uintptr_t arg1, 
 extern swig_intgo _wrap_osft_flce_options_t_reduction_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_accumulator_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_flce_options_t_accumulator_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_memory_budget_set_capi_osftrt(uintptr_t arg1, swig_type_136 arg2);
-extern swig_type_137 _wrap_osft_flce_options_t_memory_budget_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_chunk_rows_set_capi_osftrt(uintptr_t arg1, swig_type_138 arg2);
-extern swig_type_139 _wrap_osft_flce_options_t_chunk_rows_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_memory_budget_set_capi_osftrt(uintptr_t arg1, swig_type_146 arg2);
+extern swig_type_147 _wrap_osft_flce_options_t_memory_budget_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_chunk_rows_set_capi_osftrt(uintptr_t arg1, swig_type_148 arg2);
+extern swig_type_149 _wrap_osft_flce_options_t_chunk_rows_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_comm_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flce_options_t_comm_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_vocab_offset_set_capi_osftrt(uintptr_t arg1, swig_type_140 arg2);
-extern swig_type_141 _wrap_osft_flce_options_t_vocab_offset_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_vocab_size_global_set_capi_osftrt(uintptr_t arg1, swig_type_142 arg2);
-extern swig_type_143 _wrap_osft_flce_options_t_vocab_size_global_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_vocab_offset_set_capi_osftrt(uintptr_t arg1, swig_type_150 arg2);
+extern swig_type_151 _wrap_osft_flce_options_t_vocab_offset_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_vocab_size_global_set_capi_osftrt(uintptr_t arg1, swig_type_152 arg2);
+extern swig_type_153 _wrap_osft_flce_options_t_vocab_size_global_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_device_target_check_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_flce_options_t_device_target_check_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_chunking_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
+extern swig_intgo _wrap_osft_flce_options_t_chunking_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_slice_cols_set_capi_osftrt(uintptr_t arg1, swig_type_154 arg2);
+extern swig_type_155 _wrap_osft_flce_options_t_slice_cols_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flce_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flce_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_flce_options_init_capi_osftrt(uintptr_t arg1, swig_type_144 arg2);
+extern swig_intgo _wrap_osft_flce_options_init_capi_osftrt(uintptr_t arg1, swig_type_156 arg2);
 extern swig_intgo _wrap_osft_flce_create_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_voidp arg3);
 extern swig_intgo _wrap_osft_flce_destroy_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_flce_get_options_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
-extern void _wrap_osft_flce_inputs_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_145 arg2);
-extern swig_type_146 _wrap_osft_flce_inputs_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_inputs_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_157 arg2);
+extern swig_type_158 _wrap_osft_flce_inputs_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_inputs_t_x_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flce_inputs_t_x_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_inputs_t_weight_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -733,9 +772,9 @@ extern void _wrap_osft_flce_inputs_t_grad_loss_set_capi_osftrt(uintptr_t arg1, u
 extern uintptr_t _wrap_osft_flce_inputs_t_grad_loss_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flce_inputs_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flce_inputs_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_flce_inputs_init_capi_osftrt(uintptr_t arg1, swig_type_147 arg2);
-extern void _wrap_osft_flce_outputs_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_148 arg2);
-extern swig_type_149 _wrap_osft_flce_outputs_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_flce_inputs_init_capi_osftrt(uintptr_t arg1, swig_type_159 arg2);
+extern void _wrap_osft_flce_outputs_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_160 arg2);
+extern swig_type_161 _wrap_osft_flce_outputs_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_outputs_t_loss_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flce_outputs_t_loss_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_outputs_t_grad_x_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -760,28 +799,35 @@ extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATE_GRAD_X_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATE_GRAD_WEIGHT_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATE_GRAD_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATE_ALL_capi_osftrt(void);
-extern swig_intgo _wrap_osft_flce_outputs_init_capi_osftrt(uintptr_t arg1, swig_type_150 arg2);
+extern swig_intgo _wrap_osft_flce_outputs_init_capi_osftrt(uintptr_t arg1, swig_type_162 arg2);
 extern swig_intgo _wrap_osft_flce_compute_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3);
 extern swig_intgo _wrap_osft_flce_check_targets_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_151 arg2);
-extern swig_type_152 _wrap_osft_flce_plan_t_struct_size_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_153 arg2);
-extern swig_type_154 _wrap_osft_flce_plan_t_tokens_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_chunk_rows_set_capi_osftrt(uintptr_t arg1, swig_type_155 arg2);
-extern swig_type_156 _wrap_osft_flce_plan_t_chunk_rows_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_chunks_set_capi_osftrt(uintptr_t arg1, swig_type_157 arg2);
-extern swig_type_158 _wrap_osft_flce_plan_t_chunks_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_scratch_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_159 arg2);
-extern swig_type_160 _wrap_osft_flce_plan_t_scratch_bytes_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_budget_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_161 arg2);
-extern swig_type_162 _wrap_osft_flce_plan_t_budget_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_163 arg2);
+extern swig_type_164 _wrap_osft_flce_plan_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_165 arg2);
+extern swig_type_166 _wrap_osft_flce_plan_t_tokens_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_chunk_rows_set_capi_osftrt(uintptr_t arg1, swig_type_167 arg2);
+extern swig_type_168 _wrap_osft_flce_plan_t_chunk_rows_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_chunks_set_capi_osftrt(uintptr_t arg1, swig_type_169 arg2);
+extern swig_type_170 _wrap_osft_flce_plan_t_chunks_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_scratch_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_171 arg2);
+extern swig_type_172 _wrap_osft_flce_plan_t_scratch_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_budget_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_173 arg2);
+extern swig_type_174 _wrap_osft_flce_plan_t_budget_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_chunking_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
+extern swig_intgo _wrap_osft_flce_plan_t_chunking_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_slices_set_capi_osftrt(uintptr_t arg1, swig_type_175 arg2);
+extern swig_type_176 _wrap_osft_flce_plan_t_slices_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_slice_cols_set_capi_osftrt(uintptr_t arg1, swig_type_177 arg2);
+extern swig_type_178 _wrap_osft_flce_plan_t_slice_cols_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flce_plan_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flce_plan_t_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_flce_get_plan_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4);
 extern swig_intgo _wrap_OSFT_QR_HOUSEHOLDER_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_QR_CHOLESKY_QR2_capi_osftrt(void);
-extern void _wrap_osft_qr_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_163 arg2);
-extern swig_type_164 _wrap_osft_qr_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_OSFT_QR_CHOLESKY_TF32_capi_osftrt(void);
+extern void _wrap_osft_qr_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_179 arg2);
+extern swig_type_180 _wrap_osft_qr_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_qr_options_t_method_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_qr_options_t_method_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_qr_options_t_orthogonality_threshold_set_capi_osftrt(uintptr_t arg1, double arg2);
@@ -792,9 +838,9 @@ extern void _wrap_osft_qr_options_t_max_concurrency_set_capi_osftrt(uintptr_t ar
 extern swig_intgo _wrap_osft_qr_options_t_max_concurrency_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_qr_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_qr_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_qr_options_init_capi_osftrt(uintptr_t arg1, swig_type_165 arg2);
-extern swig_intgo _wrap_osft_qr_batch_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_type_166 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6, swig_voidp arg7);
-extern swig_intgo _wrap_osft_qr_power_iteration_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_type_167 arg3, uintptr_t arg4, uintptr_t arg5, swig_intgo arg6, swig_voidp arg7);
+extern swig_intgo _wrap_osft_qr_options_init_capi_osftrt(uintptr_t arg1, swig_type_181 arg2);
+extern swig_intgo _wrap_osft_qr_batch_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_type_182 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6, swig_voidp arg7);
+extern swig_intgo _wrap_osft_qr_power_iteration_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_type_183 arg3, uintptr_t arg4, uintptr_t arg5, swig_intgo arg6, swig_voidp arg7);
 #undef intgo
 */
 import "C"
@@ -1612,7 +1658,7 @@ type DLManagedTensor interface {
 }
 
 const OSFT_VERSION_MAJOR int = 1
-const OSFT_VERSION_MINOR int = 1
+const OSFT_VERSION_MINOR int = 2
 const OSFT_VERSION_PATCH int = 0
 
 func _swig_getOSFT_VERSION_NUMBER() (_swig_ret int) {
@@ -3614,6 +3660,40 @@ func _swig_getOSFT_SHARD_V_COLS() (_swig_ret Enum_SS_osft_shard_layout_e) {
 
 var OSFT_SHARD_V_COLS Enum_SS_osft_shard_layout_e = _swig_getOSFT_SHARD_V_COLS()
 
+type Enum_SS_osft_projection_arithmetic_e int
+
+func _swig_getOSFT_PROJECTION_ARITHMETIC_AUTO() (_swig_ret Enum_SS_osft_projection_arithmetic_e) {
+	var swig_r Enum_SS_osft_projection_arithmetic_e
+	swig_r = (Enum_SS_osft_projection_arithmetic_e)(C._wrap_OSFT_PROJECTION_ARITHMETIC_AUTO_capi_osftrt())
+	return swig_r
+}
+
+var OSFT_PROJECTION_ARITHMETIC_AUTO Enum_SS_osft_projection_arithmetic_e = _swig_getOSFT_PROJECTION_ARITHMETIC_AUTO()
+
+func _swig_getOSFT_PROJECTION_ARITHMETIC_EXACT() (_swig_ret Enum_SS_osft_projection_arithmetic_e) {
+	var swig_r Enum_SS_osft_projection_arithmetic_e
+	swig_r = (Enum_SS_osft_projection_arithmetic_e)(C._wrap_OSFT_PROJECTION_ARITHMETIC_EXACT_capi_osftrt())
+	return swig_r
+}
+
+var OSFT_PROJECTION_ARITHMETIC_EXACT Enum_SS_osft_projection_arithmetic_e = _swig_getOSFT_PROJECTION_ARITHMETIC_EXACT()
+
+func _swig_getOSFT_PROJECTION_ARITHMETIC_FP32() (_swig_ret Enum_SS_osft_projection_arithmetic_e) {
+	var swig_r Enum_SS_osft_projection_arithmetic_e
+	swig_r = (Enum_SS_osft_projection_arithmetic_e)(C._wrap_OSFT_PROJECTION_ARITHMETIC_FP32_capi_osftrt())
+	return swig_r
+}
+
+var OSFT_PROJECTION_ARITHMETIC_FP32 Enum_SS_osft_projection_arithmetic_e = _swig_getOSFT_PROJECTION_ARITHMETIC_FP32()
+
+func _swig_getOSFT_PROJECTION_ARITHMETIC_BF16() (_swig_ret Enum_SS_osft_projection_arithmetic_e) {
+	var swig_r Enum_SS_osft_projection_arithmetic_e
+	swig_r = (Enum_SS_osft_projection_arithmetic_e)(C._wrap_OSFT_PROJECTION_ARITHMETIC_BF16_capi_osftrt())
+	return swig_r
+}
+
+var OSFT_PROJECTION_ARITHMETIC_BF16 Enum_SS_osft_projection_arithmetic_e = _swig_getOSFT_PROJECTION_ARITHMETIC_BF16()
+
 type SwigcptrOsft_projector_options_t uintptr
 
 func (p SwigcptrOsft_projector_options_t) Swigcptr() uintptr {
@@ -3649,6 +3729,19 @@ func (arg1 SwigcptrOsft_projector_options_t) GetCheck_consistency() (_swig_ret i
 	return swig_r
 }
 
+func (arg1 SwigcptrOsft_projector_options_t) SetArithmetic(arg2 Enum_SS_osft_projection_arithmetic_e) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_projector_options_t_arithmetic_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_projector_options_t) GetArithmetic() (_swig_ret Enum_SS_osft_projection_arithmetic_e) {
+	var swig_r Enum_SS_osft_projection_arithmetic_e
+	_swig_i_0 := arg1
+	swig_r = (Enum_SS_osft_projection_arithmetic_e)(C._wrap_osft_projector_options_t_arithmetic_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
 func NewOsft_projector_options_t() (_swig_ret Osft_projector_options_t) {
 	var swig_r Osft_projector_options_t
 	swig_r = (Osft_projector_options_t)(SwigcptrOsft_projector_options_t(C._wrap_new_osft_projector_options_t_capi_osftrt()))
@@ -3667,6 +3760,8 @@ type Osft_projector_options_t interface {
 	GetStruct_size() (_swig_ret int64)
 	SetCheck_consistency(arg2 int)
 	GetCheck_consistency() (_swig_ret int)
+	SetArithmetic(arg2 Enum_SS_osft_projection_arithmetic_e)
+	GetArithmetic() (_swig_ret Enum_SS_osft_projection_arithmetic_e)
 }
 
 func Osft_projector_options_init(arg1 Osft_projector_options_t, arg2 int64) (_swig_ret Enum_SS_osft_status_e) {
@@ -4089,6 +4184,71 @@ func (arg1 SwigcptrOsft_projector_info_t) GetSetup_pending() (_swig_ret int) {
 	return swig_r
 }
 
+func (arg1 SwigcptrOsft_projector_info_t) SetLast_gemms(arg2 int64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_projector_info_t_last_gemms_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_114(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_projector_info_t) GetLast_gemms() (_swig_ret int64) {
+	var swig_r int64
+	_swig_i_0 := arg1
+	swig_r = (int64)(C._wrap_osft_projector_info_t_last_gemms_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_projector_info_t) SetLast_gemm_calls(arg2 int64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_projector_info_t_last_gemm_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_116(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_projector_info_t) GetLast_gemm_calls() (_swig_ret int64) {
+	var swig_r int64
+	_swig_i_0 := arg1
+	swig_r = (int64)(C._wrap_osft_projector_info_t_last_gemm_calls_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_projector_info_t) SetLast_elementwise_calls(arg2 int64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_projector_info_t_last_elementwise_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_118(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_projector_info_t) GetLast_elementwise_calls() (_swig_ret int64) {
+	var swig_r int64
+	_swig_i_0 := arg1
+	swig_r = (int64)(C._wrap_osft_projector_info_t_last_elementwise_calls_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_projector_info_t) SetLast_collectives(arg2 int64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_projector_info_t_last_collectives_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_120(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_projector_info_t) GetLast_collectives() (_swig_ret int64) {
+	var swig_r int64
+	_swig_i_0 := arg1
+	swig_r = (int64)(C._wrap_osft_projector_info_t_last_collectives_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_projector_info_t) SetLast_host_waits(arg2 int64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_projector_info_t_last_host_waits_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_122(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_projector_info_t) GetLast_host_waits() (_swig_ret int64) {
+	var swig_r int64
+	_swig_i_0 := arg1
+	swig_r = (int64)(C._wrap_osft_projector_info_t_last_host_waits_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
 func NewOsft_projector_info_t() (_swig_ret Osft_projector_info_t) {
 	var swig_r Osft_projector_info_t
 	swig_r = (Osft_projector_info_t)(SwigcptrOsft_projector_info_t(C._wrap_new_osft_projector_info_t_capi_osftrt()))
@@ -4117,6 +4277,16 @@ type Osft_projector_info_t interface {
 	GetGathered_bytes() (_swig_ret uint64)
 	SetSetup_pending(arg2 int)
 	GetSetup_pending() (_swig_ret int)
+	SetLast_gemms(arg2 int64)
+	GetLast_gemms() (_swig_ret int64)
+	SetLast_gemm_calls(arg2 int64)
+	GetLast_gemm_calls() (_swig_ret int64)
+	SetLast_elementwise_calls(arg2 int64)
+	GetLast_elementwise_calls() (_swig_ret int64)
+	SetLast_collectives(arg2 int64)
+	GetLast_collectives() (_swig_ret int64)
+	SetLast_host_waits(arg2 int64)
+	GetLast_host_waits() (_swig_ret int64)
 }
 
 func Osft_projector_get_info(arg1 uintptr, arg2 Osft_projector_info_t) (_swig_ret Enum_SS_osft_status_e) {
@@ -4223,7 +4393,7 @@ func (p SwigcptrOsft_mlp_weights_t) SwigIsOsft_mlp_weights_t() {
 func (arg1 SwigcptrOsft_mlp_weights_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_weights_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_114(_swig_i_1))
+	C._wrap_osft_mlp_weights_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_124(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_weights_t) GetStruct_size() (_swig_ret int64) {
@@ -4390,7 +4560,7 @@ func Osft_mlp_weights_init(arg1 Osft_mlp_weights_t, arg2 int64) (_swig_ret Enum_
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_weights_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_116(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_weights_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_126(_swig_i_1)))
 	return swig_r
 }
 
@@ -4406,7 +4576,7 @@ func (p SwigcptrOsft_mlp_options_t) SwigIsOsft_mlp_options_t() {
 func (arg1 SwigcptrOsft_mlp_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_117(_swig_i_1))
+	C._wrap_osft_mlp_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_127(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_options_t) GetStruct_size() (_swig_ret int64) {
@@ -4432,7 +4602,7 @@ func (arg1 SwigcptrOsft_mlp_options_t) GetTiling() (_swig_ret Enum_SS_osft_mlp_t
 func (arg1 SwigcptrOsft_mlp_options_t) SetTile_tokens(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_options_t_tile_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_119(_swig_i_1))
+	C._wrap_osft_mlp_options_t_tile_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_129(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_options_t) GetTile_tokens() (_swig_ret int64) {
@@ -4445,7 +4615,7 @@ func (arg1 SwigcptrOsft_mlp_options_t) GetTile_tokens() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_mlp_options_t) SetMemory_budget(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_options_t_memory_budget_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_121(_swig_i_1))
+	C._wrap_osft_mlp_options_t_memory_budget_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_131(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_options_t) GetMemory_budget() (_swig_ret int64) {
@@ -4498,7 +4668,7 @@ func Osft_mlp_options_init(arg1 Osft_mlp_options_t, arg2 int64) (_swig_ret Enum_
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_123(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_133(_swig_i_1)))
 	return swig_r
 }
 
@@ -4511,7 +4681,7 @@ func Osft_mlp_create(arg1 uintptr, arg2 Enum_SS_osft_mlp_variant_e, arg3 int64, 
 	_swig_i_4 := getSwigcptr(arg5)
 	_swig_i_5 := getSwigcptr(arg6)
 	_swig_i_6 := arg7
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_create_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), C.swig_type_124(_swig_i_2), C.swig_type_125(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.swig_voidp(_swig_i_6)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_create_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), C.swig_type_134(_swig_i_2), C.swig_type_135(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.swig_voidp(_swig_i_6)))
 	return swig_r
 }
 
@@ -4528,7 +4698,7 @@ func Osft_mlp_get_tile_count(arg1 uintptr, arg2 int64, arg3 *int64, arg4 *int64)
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_get_tile_count_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_126(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_get_tile_count_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_136(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3)))
 	return swig_r
 }
 
@@ -4538,7 +4708,7 @@ func Osft_mlp_forward(arg1 uintptr, arg2 DLTensor, arg3 DLTensor, arg4 int64) (_
 	_swig_i_1 := getSwigcptr(arg2)
 	_swig_i_2 := getSwigcptr(arg3)
 	_swig_i_3 := arg4
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_forward_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_type_127(_swig_i_3)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_forward_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_type_137(_swig_i_3)))
 	return swig_r
 }
 
@@ -4554,7 +4724,7 @@ func (p SwigcptrOsft_mlp_grads_t) SwigIsOsft_mlp_grads_t() {
 func (arg1 SwigcptrOsft_mlp_grads_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_grads_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_128(_swig_i_1))
+	C._wrap_osft_mlp_grads_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_138(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_grads_t) GetStruct_size() (_swig_ret int64) {
@@ -4815,7 +4985,7 @@ func Osft_mlp_grads_init(arg1 Osft_mlp_grads_t, arg2 int64) (_swig_ret Enum_SS_o
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_grads_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_130(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_grads_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_140(_swig_i_1)))
 	return swig_r
 }
 
@@ -4826,7 +4996,7 @@ func Osft_mlp_backward(arg1 uintptr, arg2 DLTensor, arg3 DLTensor, arg4 Osft_mlp
 	_swig_i_2 := getSwigcptr(arg3)
 	_swig_i_3 := getSwigcptr(arg4)
 	_swig_i_4 := arg5
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_backward_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.uintptr_t(_swig_i_3), C.swig_type_131(_swig_i_4)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_backward_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.uintptr_t(_swig_i_3), C.swig_type_141(_swig_i_4)))
 	return swig_r
 }
 
@@ -4874,6 +5044,32 @@ func _swig_getOSFT_FLCE_ACCUMULATOR_OUTPUT() (_swig_ret Enum_SS_osft_flce_accumu
 
 var OSFT_FLCE_ACCUMULATOR_OUTPUT Enum_SS_osft_flce_accumulator_e = _swig_getOSFT_FLCE_ACCUMULATOR_OUTPUT()
 
+type Enum_SS_osft_flce_chunking_e int
+
+func _swig_getOSFT_FLCE_CHUNKING_AUTO() (_swig_ret Enum_SS_osft_flce_chunking_e) {
+	var swig_r Enum_SS_osft_flce_chunking_e
+	swig_r = (Enum_SS_osft_flce_chunking_e)(C._wrap_OSFT_FLCE_CHUNKING_AUTO_capi_osftrt())
+	return swig_r
+}
+
+var OSFT_FLCE_CHUNKING_AUTO Enum_SS_osft_flce_chunking_e = _swig_getOSFT_FLCE_CHUNKING_AUTO()
+
+func _swig_getOSFT_FLCE_CHUNKING_TOKENS() (_swig_ret Enum_SS_osft_flce_chunking_e) {
+	var swig_r Enum_SS_osft_flce_chunking_e
+	swig_r = (Enum_SS_osft_flce_chunking_e)(C._wrap_OSFT_FLCE_CHUNKING_TOKENS_capi_osftrt())
+	return swig_r
+}
+
+var OSFT_FLCE_CHUNKING_TOKENS Enum_SS_osft_flce_chunking_e = _swig_getOSFT_FLCE_CHUNKING_TOKENS()
+
+func _swig_getOSFT_FLCE_CHUNKING_VOCAB() (_swig_ret Enum_SS_osft_flce_chunking_e) {
+	var swig_r Enum_SS_osft_flce_chunking_e
+	swig_r = (Enum_SS_osft_flce_chunking_e)(C._wrap_OSFT_FLCE_CHUNKING_VOCAB_capi_osftrt())
+	return swig_r
+}
+
+var OSFT_FLCE_CHUNKING_VOCAB Enum_SS_osft_flce_chunking_e = _swig_getOSFT_FLCE_CHUNKING_VOCAB()
+
 type SwigcptrOsft_flce_options_t uintptr
 
 func (p SwigcptrOsft_flce_options_t) Swigcptr() uintptr {
@@ -4886,7 +5082,7 @@ func (p SwigcptrOsft_flce_options_t) SwigIsOsft_flce_options_t() {
 func (arg1 SwigcptrOsft_flce_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_132(_swig_i_1))
+	C._wrap_osft_flce_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_142(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetStruct_size() (_swig_ret int64) {
@@ -4899,7 +5095,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetStruct_size() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_options_t) SetIgnore_index(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_ignore_index_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_134(_swig_i_1))
+	C._wrap_osft_flce_options_t_ignore_index_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_144(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetIgnore_index() (_swig_ret int64) {
@@ -4977,7 +5173,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetAccumulator() (_swig_ret Enum_SS_osft
 func (arg1 SwigcptrOsft_flce_options_t) SetMemory_budget(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_memory_budget_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_136(_swig_i_1))
+	C._wrap_osft_flce_options_t_memory_budget_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_146(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetMemory_budget() (_swig_ret int64) {
@@ -4990,7 +5186,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetMemory_budget() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_options_t) SetChunk_rows(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_chunk_rows_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_138(_swig_i_1))
+	C._wrap_osft_flce_options_t_chunk_rows_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_148(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetChunk_rows() (_swig_ret int64) {
@@ -5016,7 +5212,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetComm() (_swig_ret uintptr) {
 func (arg1 SwigcptrOsft_flce_options_t) SetVocab_offset(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_vocab_offset_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_140(_swig_i_1))
+	C._wrap_osft_flce_options_t_vocab_offset_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_150(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetVocab_offset() (_swig_ret int64) {
@@ -5029,7 +5225,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetVocab_offset() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_options_t) SetVocab_size_global(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_vocab_size_global_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_142(_swig_i_1))
+	C._wrap_osft_flce_options_t_vocab_size_global_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_152(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetVocab_size_global() (_swig_ret int64) {
@@ -5049,6 +5245,32 @@ func (arg1 SwigcptrOsft_flce_options_t) GetDevice_target_check() (_swig_ret int)
 	var swig_r int
 	_swig_i_0 := arg1
 	swig_r = (int)(C._wrap_osft_flce_options_t_device_target_check_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_flce_options_t) SetChunking(arg2 Enum_SS_osft_flce_chunking_e) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_flce_options_t_chunking_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_flce_options_t) GetChunking() (_swig_ret Enum_SS_osft_flce_chunking_e) {
+	var swig_r Enum_SS_osft_flce_chunking_e
+	_swig_i_0 := arg1
+	swig_r = (Enum_SS_osft_flce_chunking_e)(C._wrap_osft_flce_options_t_chunking_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_flce_options_t) SetSlice_cols(arg2 int64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_flce_options_t_slice_cols_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_154(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_flce_options_t) GetSlice_cols() (_swig_ret int64) {
+	var swig_r int64
+	_swig_i_0 := arg1
+	swig_r = (int64)(C._wrap_osft_flce_options_t_slice_cols_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
 	return swig_r
 }
 
@@ -5092,13 +5314,17 @@ type Osft_flce_options_t interface {
 	GetVocab_size_global() (_swig_ret int64)
 	SetDevice_target_check(arg2 int)
 	GetDevice_target_check() (_swig_ret int)
+	SetChunking(arg2 Enum_SS_osft_flce_chunking_e)
+	GetChunking() (_swig_ret Enum_SS_osft_flce_chunking_e)
+	SetSlice_cols(arg2 int64)
+	GetSlice_cols() (_swig_ret int64)
 }
 
 func Osft_flce_options_init(arg1 Osft_flce_options_t, arg2 int64) (_swig_ret Enum_SS_osft_status_e) {
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_144(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_156(_swig_i_1)))
 	return swig_r
 }
 
@@ -5138,7 +5364,7 @@ func (p SwigcptrOsft_flce_inputs_t) SwigIsOsft_flce_inputs_t() {
 func (arg1 SwigcptrOsft_flce_inputs_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_inputs_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_145(_swig_i_1))
+	C._wrap_osft_flce_inputs_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_157(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_inputs_t) GetStruct_size() (_swig_ret int64) {
@@ -5260,7 +5486,7 @@ func Osft_flce_inputs_init(arg1 Osft_flce_inputs_t, arg2 int64) (_swig_ret Enum_
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_inputs_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_147(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_inputs_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_159(_swig_i_1)))
 	return swig_r
 }
 
@@ -5276,7 +5502,7 @@ func (p SwigcptrOsft_flce_outputs_t) SwigIsOsft_flce_outputs_t() {
 func (arg1 SwigcptrOsft_flce_outputs_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_outputs_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_148(_swig_i_1))
+	C._wrap_osft_flce_outputs_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_160(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_outputs_t) GetStruct_size() (_swig_ret int64) {
@@ -5475,7 +5701,7 @@ func Osft_flce_outputs_init(arg1 Osft_flce_outputs_t, arg2 int64) (_swig_ret Enu
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_outputs_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_150(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_outputs_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_162(_swig_i_1)))
 	return swig_r
 }
 
@@ -5507,7 +5733,7 @@ func (p SwigcptrOsft_flce_plan_t) SwigIsOsft_flce_plan_t() {
 func (arg1 SwigcptrOsft_flce_plan_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_151(_swig_i_1))
+	C._wrap_osft_flce_plan_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_163(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetStruct_size() (_swig_ret int64) {
@@ -5520,7 +5746,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetStruct_size() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetTokens(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_153(_swig_i_1))
+	C._wrap_osft_flce_plan_t_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_165(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetTokens() (_swig_ret int64) {
@@ -5533,7 +5759,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetTokens() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetChunk_rows(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_chunk_rows_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_155(_swig_i_1))
+	C._wrap_osft_flce_plan_t_chunk_rows_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_167(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetChunk_rows() (_swig_ret int64) {
@@ -5546,7 +5772,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetChunk_rows() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetChunks(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_chunks_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_157(_swig_i_1))
+	C._wrap_osft_flce_plan_t_chunks_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_169(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetChunks() (_swig_ret int64) {
@@ -5559,7 +5785,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetChunks() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetScratch_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_scratch_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_159(_swig_i_1))
+	C._wrap_osft_flce_plan_t_scratch_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_171(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetScratch_bytes() (_swig_ret uint64) {
@@ -5572,13 +5798,52 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetScratch_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetBudget_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_budget_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_161(_swig_i_1))
+	C._wrap_osft_flce_plan_t_budget_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_173(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetBudget_bytes() (_swig_ret uint64) {
 	var swig_r uint64
 	_swig_i_0 := arg1
 	swig_r = (uint64)(C._wrap_osft_flce_plan_t_budget_bytes_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_flce_plan_t) SetChunking(arg2 Enum_SS_osft_flce_chunking_e) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_flce_plan_t_chunking_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_flce_plan_t) GetChunking() (_swig_ret Enum_SS_osft_flce_chunking_e) {
+	var swig_r Enum_SS_osft_flce_chunking_e
+	_swig_i_0 := arg1
+	swig_r = (Enum_SS_osft_flce_chunking_e)(C._wrap_osft_flce_plan_t_chunking_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_flce_plan_t) SetSlices(arg2 int64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_flce_plan_t_slices_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_175(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_flce_plan_t) GetSlices() (_swig_ret int64) {
+	var swig_r int64
+	_swig_i_0 := arg1
+	swig_r = (int64)(C._wrap_osft_flce_plan_t_slices_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_flce_plan_t) SetSlice_cols(arg2 int64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_flce_plan_t_slice_cols_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_177(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_flce_plan_t) GetSlice_cols() (_swig_ret int64) {
+	var swig_r int64
+	_swig_i_0 := arg1
+	swig_r = (int64)(C._wrap_osft_flce_plan_t_slice_cols_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
 	return swig_r
 }
 
@@ -5608,6 +5873,12 @@ type Osft_flce_plan_t interface {
 	GetScratch_bytes() (_swig_ret uint64)
 	SetBudget_bytes(arg2 uint64)
 	GetBudget_bytes() (_swig_ret uint64)
+	SetChunking(arg2 Enum_SS_osft_flce_chunking_e)
+	GetChunking() (_swig_ret Enum_SS_osft_flce_chunking_e)
+	SetSlices(arg2 int64)
+	GetSlices() (_swig_ret int64)
+	SetSlice_cols(arg2 int64)
+	GetSlice_cols() (_swig_ret int64)
 }
 
 func Osft_flce_get_plan(arg1 uintptr, arg2 Osft_flce_inputs_t, arg3 Osft_flce_outputs_t, arg4 Osft_flce_plan_t) (_swig_ret Enum_SS_osft_status_e) {
@@ -5638,6 +5909,14 @@ func _swig_getOSFT_QR_CHOLESKY_QR2() (_swig_ret Enum_SS_osft_qr_method_e) {
 
 var OSFT_QR_CHOLESKY_QR2 Enum_SS_osft_qr_method_e = _swig_getOSFT_QR_CHOLESKY_QR2()
 
+func _swig_getOSFT_QR_CHOLESKY_TF32() (_swig_ret Enum_SS_osft_qr_method_e) {
+	var swig_r Enum_SS_osft_qr_method_e
+	swig_r = (Enum_SS_osft_qr_method_e)(C._wrap_OSFT_QR_CHOLESKY_TF32_capi_osftrt())
+	return swig_r
+}
+
+var OSFT_QR_CHOLESKY_TF32 Enum_SS_osft_qr_method_e = _swig_getOSFT_QR_CHOLESKY_TF32()
+
 type SwigcptrOsft_qr_options_t uintptr
 
 func (p SwigcptrOsft_qr_options_t) Swigcptr() uintptr {
@@ -5650,7 +5929,7 @@ func (p SwigcptrOsft_qr_options_t) SwigIsOsft_qr_options_t() {
 func (arg1 SwigcptrOsft_qr_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_qr_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_163(_swig_i_1))
+	C._wrap_osft_qr_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_179(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_qr_options_t) GetStruct_size() (_swig_ret int64) {
@@ -5742,7 +6021,7 @@ func Osft_qr_options_init(arg1 Osft_qr_options_t, arg2 int64) (_swig_ret Enum_SS
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_165(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_181(_swig_i_1)))
 	return swig_r
 }
 
@@ -5755,7 +6034,7 @@ func Osft_qr_batch(arg1 uintptr, arg2 Osft_qr_options_t, arg3 int64, arg4 uintpt
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_batch_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_166(_swig_i_2), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.swig_voidp(_swig_i_6)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_batch_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_182(_swig_i_2), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.swig_voidp(_swig_i_6)))
 	return swig_r
 }
 
@@ -5768,6 +6047,6 @@ func Osft_qr_power_iteration(arg1 uintptr, arg2 Osft_qr_options_t, arg3 int64, a
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_power_iteration_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_167(_swig_i_2), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.swig_intgo(_swig_i_5), C.swig_voidp(_swig_i_6)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_power_iteration_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_183(_swig_i_2), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.swig_intgo(_swig_i_5), C.swig_voidp(_swig_i_6)))
 	return swig_r
 }

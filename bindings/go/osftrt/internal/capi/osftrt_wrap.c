@@ -418,6 +418,9 @@ osft_status_t osftgo_call(int op, void *call, void *g0, void *g1, void *g2, void
           c->out[2] = plan.chunks;
           c->out[3] = (int64_t)plan.scratch_bytes;
           c->out[4] = (int64_t)plan.budget_bytes;
+          c->out[5] = (int64_t)plan.chunking;
+          c->out[6] = plan.slices;
+          c->out[7] = plan.slice_cols;
         }
       }
       break;
@@ -1965,7 +1968,7 @@ intgo _wrap_OSFT_VERSION_NUMBER_capi_osftrt() {
   intgo _swig_go_result;
   
   
-  result = (int)((1*10000+1*100+0));
+  result = (int)((1*10000+2*100+0));
   _swig_go_result = result; 
   return _swig_go_result;
 }
@@ -5043,6 +5046,54 @@ intgo _wrap_OSFT_SHARD_V_COLS_capi_osftrt() {
 }
 
 
+intgo _wrap_OSFT_PROJECTION_ARITHMETIC_AUTO_capi_osftrt() {
+  enum osft_projection_arithmetic_e result;
+  intgo _swig_go_result;
+  
+  
+  result = OSFT_PROJECTION_ARITHMETIC_AUTO;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_OSFT_PROJECTION_ARITHMETIC_EXACT_capi_osftrt() {
+  enum osft_projection_arithmetic_e result;
+  intgo _swig_go_result;
+  
+  
+  result = OSFT_PROJECTION_ARITHMETIC_EXACT;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_OSFT_PROJECTION_ARITHMETIC_FP32_capi_osftrt() {
+  enum osft_projection_arithmetic_e result;
+  intgo _swig_go_result;
+  
+  
+  result = OSFT_PROJECTION_ARITHMETIC_FP32;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_OSFT_PROJECTION_ARITHMETIC_BF16_capi_osftrt() {
+  enum osft_projection_arithmetic_e result;
+  intgo _swig_go_result;
+  
+  
+  result = OSFT_PROJECTION_ARITHMETIC_BF16;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
 void _wrap_osft_projector_options_t_struct_size_set_capi_osftrt(struct osft_projector_options_s *_swig_go_0, long long _swig_go_1) {
   struct osft_projector_options_s *arg1 = (struct osft_projector_options_s *) 0 ;
   size_t arg2 ;
@@ -5089,6 +5140,31 @@ intgo _wrap_osft_projector_options_t_check_consistency_get_capi_osftrt(struct os
   
   result = (int) ((arg1)->check_consistency);
   _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_projector_options_t_arithmetic_set_capi_osftrt(struct osft_projector_options_s *_swig_go_0, intgo _swig_go_1) {
+  struct osft_projector_options_s *arg1 = (struct osft_projector_options_s *) 0 ;
+  osft_projection_arithmetic_t arg2 ;
+  
+  arg1 = *(struct osft_projector_options_s **)&_swig_go_0; 
+  arg2 = (osft_projection_arithmetic_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->arithmetic = arg2;
+  
+}
+
+
+intgo _wrap_osft_projector_options_t_arithmetic_get_capi_osftrt(struct osft_projector_options_s *_swig_go_0) {
+  struct osft_projector_options_s *arg1 = (struct osft_projector_options_s *) 0 ;
+  osft_projection_arithmetic_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(struct osft_projector_options_s **)&_swig_go_0; 
+  
+  result = (osft_projection_arithmetic_t) ((arg1)->arithmetic);
+  _swig_go_result = (intgo)result; 
   return _swig_go_result;
 }
 
@@ -5818,6 +5894,131 @@ intgo _wrap_osft_projector_info_t_setup_pending_get_capi_osftrt(struct osft_proj
   arg1 = *(struct osft_projector_info_s **)&_swig_go_0; 
   
   result = (int) ((arg1)->setup_pending);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_projector_info_t_last_gemms_set_capi_osftrt(struct osft_projector_info_s *_swig_go_0, long long _swig_go_1) {
+  struct osft_projector_info_s *arg1 = (struct osft_projector_info_s *) 0 ;
+  int64_t arg2 ;
+  
+  arg1 = *(struct osft_projector_info_s **)&_swig_go_0; 
+  arg2 = (int64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->last_gemms = arg2;
+  
+}
+
+
+long long _wrap_osft_projector_info_t_last_gemms_get_capi_osftrt(struct osft_projector_info_s *_swig_go_0) {
+  struct osft_projector_info_s *arg1 = (struct osft_projector_info_s *) 0 ;
+  int64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct osft_projector_info_s **)&_swig_go_0; 
+  
+  result = (int64_t) ((arg1)->last_gemms);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_projector_info_t_last_gemm_calls_set_capi_osftrt(struct osft_projector_info_s *_swig_go_0, long long _swig_go_1) {
+  struct osft_projector_info_s *arg1 = (struct osft_projector_info_s *) 0 ;
+  int64_t arg2 ;
+  
+  arg1 = *(struct osft_projector_info_s **)&_swig_go_0; 
+  arg2 = (int64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->last_gemm_calls = arg2;
+  
+}
+
+
+long long _wrap_osft_projector_info_t_last_gemm_calls_get_capi_osftrt(struct osft_projector_info_s *_swig_go_0) {
+  struct osft_projector_info_s *arg1 = (struct osft_projector_info_s *) 0 ;
+  int64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct osft_projector_info_s **)&_swig_go_0; 
+  
+  result = (int64_t) ((arg1)->last_gemm_calls);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_projector_info_t_last_elementwise_calls_set_capi_osftrt(struct osft_projector_info_s *_swig_go_0, long long _swig_go_1) {
+  struct osft_projector_info_s *arg1 = (struct osft_projector_info_s *) 0 ;
+  int64_t arg2 ;
+  
+  arg1 = *(struct osft_projector_info_s **)&_swig_go_0; 
+  arg2 = (int64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->last_elementwise_calls = arg2;
+  
+}
+
+
+long long _wrap_osft_projector_info_t_last_elementwise_calls_get_capi_osftrt(struct osft_projector_info_s *_swig_go_0) {
+  struct osft_projector_info_s *arg1 = (struct osft_projector_info_s *) 0 ;
+  int64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct osft_projector_info_s **)&_swig_go_0; 
+  
+  result = (int64_t) ((arg1)->last_elementwise_calls);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_projector_info_t_last_collectives_set_capi_osftrt(struct osft_projector_info_s *_swig_go_0, long long _swig_go_1) {
+  struct osft_projector_info_s *arg1 = (struct osft_projector_info_s *) 0 ;
+  int64_t arg2 ;
+  
+  arg1 = *(struct osft_projector_info_s **)&_swig_go_0; 
+  arg2 = (int64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->last_collectives = arg2;
+  
+}
+
+
+long long _wrap_osft_projector_info_t_last_collectives_get_capi_osftrt(struct osft_projector_info_s *_swig_go_0) {
+  struct osft_projector_info_s *arg1 = (struct osft_projector_info_s *) 0 ;
+  int64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct osft_projector_info_s **)&_swig_go_0; 
+  
+  result = (int64_t) ((arg1)->last_collectives);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_projector_info_t_last_host_waits_set_capi_osftrt(struct osft_projector_info_s *_swig_go_0, long long _swig_go_1) {
+  struct osft_projector_info_s *arg1 = (struct osft_projector_info_s *) 0 ;
+  int64_t arg2 ;
+  
+  arg1 = *(struct osft_projector_info_s **)&_swig_go_0; 
+  arg2 = (int64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->last_host_waits = arg2;
+  
+}
+
+
+long long _wrap_osft_projector_info_t_last_host_waits_get_capi_osftrt(struct osft_projector_info_s *_swig_go_0) {
+  struct osft_projector_info_s *arg1 = (struct osft_projector_info_s *) 0 ;
+  int64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct osft_projector_info_s **)&_swig_go_0; 
+  
+  result = (int64_t) ((arg1)->last_host_waits);
   _swig_go_result = result; 
   return _swig_go_result;
 }
@@ -7007,6 +7208,42 @@ intgo _wrap_OSFT_FLCE_ACCUMULATOR_OUTPUT_capi_osftrt() {
 }
 
 
+intgo _wrap_OSFT_FLCE_CHUNKING_AUTO_capi_osftrt() {
+  enum osft_flce_chunking_e result;
+  intgo _swig_go_result;
+  
+  
+  result = OSFT_FLCE_CHUNKING_AUTO;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_OSFT_FLCE_CHUNKING_TOKENS_capi_osftrt() {
+  enum osft_flce_chunking_e result;
+  intgo _swig_go_result;
+  
+  
+  result = OSFT_FLCE_CHUNKING_TOKENS;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_OSFT_FLCE_CHUNKING_VOCAB_capi_osftrt() {
+  enum osft_flce_chunking_e result;
+  intgo _swig_go_result;
+  
+  
+  result = OSFT_FLCE_CHUNKING_VOCAB;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
 void _wrap_osft_flce_options_t_struct_size_set_capi_osftrt(struct osft_flce_options_s *_swig_go_0, long long _swig_go_1) {
   struct osft_flce_options_s *arg1 = (struct osft_flce_options_s *) 0 ;
   size_t arg2 ;
@@ -7327,6 +7564,56 @@ intgo _wrap_osft_flce_options_t_device_target_check_get_capi_osftrt(struct osft_
   arg1 = *(struct osft_flce_options_s **)&_swig_go_0; 
   
   result = (int) ((arg1)->device_target_check);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_flce_options_t_chunking_set_capi_osftrt(struct osft_flce_options_s *_swig_go_0, intgo _swig_go_1) {
+  struct osft_flce_options_s *arg1 = (struct osft_flce_options_s *) 0 ;
+  osft_flce_chunking_t arg2 ;
+  
+  arg1 = *(struct osft_flce_options_s **)&_swig_go_0; 
+  arg2 = (osft_flce_chunking_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->chunking = arg2;
+  
+}
+
+
+intgo _wrap_osft_flce_options_t_chunking_get_capi_osftrt(struct osft_flce_options_s *_swig_go_0) {
+  struct osft_flce_options_s *arg1 = (struct osft_flce_options_s *) 0 ;
+  osft_flce_chunking_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(struct osft_flce_options_s **)&_swig_go_0; 
+  
+  result = (osft_flce_chunking_t) ((arg1)->chunking);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_flce_options_t_slice_cols_set_capi_osftrt(struct osft_flce_options_s *_swig_go_0, long long _swig_go_1) {
+  struct osft_flce_options_s *arg1 = (struct osft_flce_options_s *) 0 ;
+  int64_t arg2 ;
+  
+  arg1 = *(struct osft_flce_options_s **)&_swig_go_0; 
+  arg2 = (int64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->slice_cols = arg2;
+  
+}
+
+
+long long _wrap_osft_flce_options_t_slice_cols_get_capi_osftrt(struct osft_flce_options_s *_swig_go_0) {
+  struct osft_flce_options_s *arg1 = (struct osft_flce_options_s *) 0 ;
+  int64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct osft_flce_options_s **)&_swig_go_0; 
+  
+  result = (int64_t) ((arg1)->slice_cols);
   _swig_go_result = result; 
   return _swig_go_result;
 }
@@ -8134,6 +8421,81 @@ long long _wrap_osft_flce_plan_t_budget_bytes_get_capi_osftrt(struct osft_flce_p
 }
 
 
+void _wrap_osft_flce_plan_t_chunking_set_capi_osftrt(struct osft_flce_plan_s *_swig_go_0, intgo _swig_go_1) {
+  struct osft_flce_plan_s *arg1 = (struct osft_flce_plan_s *) 0 ;
+  osft_flce_chunking_t arg2 ;
+  
+  arg1 = *(struct osft_flce_plan_s **)&_swig_go_0; 
+  arg2 = (osft_flce_chunking_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->chunking = arg2;
+  
+}
+
+
+intgo _wrap_osft_flce_plan_t_chunking_get_capi_osftrt(struct osft_flce_plan_s *_swig_go_0) {
+  struct osft_flce_plan_s *arg1 = (struct osft_flce_plan_s *) 0 ;
+  osft_flce_chunking_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(struct osft_flce_plan_s **)&_swig_go_0; 
+  
+  result = (osft_flce_chunking_t) ((arg1)->chunking);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_flce_plan_t_slices_set_capi_osftrt(struct osft_flce_plan_s *_swig_go_0, long long _swig_go_1) {
+  struct osft_flce_plan_s *arg1 = (struct osft_flce_plan_s *) 0 ;
+  int64_t arg2 ;
+  
+  arg1 = *(struct osft_flce_plan_s **)&_swig_go_0; 
+  arg2 = (int64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->slices = arg2;
+  
+}
+
+
+long long _wrap_osft_flce_plan_t_slices_get_capi_osftrt(struct osft_flce_plan_s *_swig_go_0) {
+  struct osft_flce_plan_s *arg1 = (struct osft_flce_plan_s *) 0 ;
+  int64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct osft_flce_plan_s **)&_swig_go_0; 
+  
+  result = (int64_t) ((arg1)->slices);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_flce_plan_t_slice_cols_set_capi_osftrt(struct osft_flce_plan_s *_swig_go_0, long long _swig_go_1) {
+  struct osft_flce_plan_s *arg1 = (struct osft_flce_plan_s *) 0 ;
+  int64_t arg2 ;
+  
+  arg1 = *(struct osft_flce_plan_s **)&_swig_go_0; 
+  arg2 = (int64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->slice_cols = arg2;
+  
+}
+
+
+long long _wrap_osft_flce_plan_t_slice_cols_get_capi_osftrt(struct osft_flce_plan_s *_swig_go_0) {
+  struct osft_flce_plan_s *arg1 = (struct osft_flce_plan_s *) 0 ;
+  int64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct osft_flce_plan_s **)&_swig_go_0; 
+  
+  result = (int64_t) ((arg1)->slice_cols);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
 struct osft_flce_plan_s *_wrap_new_osft_flce_plan_t_capi_osftrt() {
   struct osft_flce_plan_s *result = 0 ;
   struct osft_flce_plan_s *_swig_go_result;
@@ -8192,6 +8554,18 @@ intgo _wrap_OSFT_QR_CHOLESKY_QR2_capi_osftrt() {
   
   
   result = OSFT_QR_CHOLESKY_QR2;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_OSFT_QR_CHOLESKY_TF32_capi_osftrt() {
+  enum osft_qr_method_e result;
+  intgo _swig_go_result;
+  
+  
+  result = OSFT_QR_CHOLESKY_TF32;
   
   _swig_go_result = (intgo)result; 
   return _swig_go_result;
