@@ -473,7 +473,7 @@ osft_projector_options_t read_projector_options(const osft_projector_options_t *
   if (o.check_consistency != 0 && o.check_consistency != 1)
     raise(OSFT_STATUS_INVALID_ARGUMENT, "opts->check_consistency: %d; must be 0 or 1",
           o.check_consistency);
-  const int arithmetic = static_cast<int>(o.arithmetic);
+  const int arithmetic = raw_enum(o.arithmetic); /* any int a caller stored */
   if (arithmetic < OSFT_PROJECTION_ARITHMETIC_AUTO ||
       arithmetic > OSFT_PROJECTION_ARITHMETIC_BF16)
     raise(OSFT_STATUS_INVALID_ARGUMENT,
@@ -490,7 +490,7 @@ Projector *create_projector(Context &ctx, Comm *comm, const osft_projector_optio
   Projector *p = ctx.allocator.make<Projector>("projector", ctx);
   p->comm = comm;
   p->check_consistency = o.check_consistency != 0;
-  p->arithmetic = o.arithmetic;
+  p->arithmetic = raw_enum(o.arithmetic);
   register_child(p, HandleKind::projector,
                  [&](Projector *doomed) { ctx.allocator.destroy(doomed); });
   if (comm != nullptr) comm->users++;
