@@ -8,6 +8,7 @@
  * that is not ignore_index must make compute fail, and a successful call
  * keeps row padding of its outputs untouched. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   o.memory_budget = budgets[fz_range(&f, 0, 7)];
   o.chunk_rows = fz_i64(&f, fz_range(&f, 0, 3));
   if (o.chunk_rows < 0) must_fail = 1;
+  o.chunking = (osft_flce_chunking_t)fz_enum(&f, (int)fz_range(&f, 0, 2), 3);
+  const int chunking_fail = (int)o.chunking < 0 || (int)o.chunking > 2;
+  o.slice_cols = fz_i64(&f, fz_range(&f, 0, 3));
+  const int slice_fail = o.slice_cols < 0;
   osft_comm_t comm = NULL;
   const int comm_mode = (int)fz_range(&f, 0, 3);
   if (comm_mode == 1) {
@@ -58,9 +63,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (comm != NULL && o.vocab_size_global < 0) vocab_fail = 1;
   }
   void *opts = fz_struct(&f, &o, sizeof o, &must_fail);
-  /* An older caller's struct_size: the library does not see those fields. */
-  if (fz_struct_claimed() >= sizeof o) must_fail |= vocab_fail;
-  const int sees_vocab = fz_struct_claimed() >= sizeof o;
+  /* An older caller's struct_size: the library does not see the fields it
+   * does not cover. */
+#define SEES(field) \
+  (fz_struct_claimed() >= offsetof(osft_flce_options_t, field) + sizeof o.field)
+  const int sees_vocab = SEES(vocab_size_global);
+  if (sees_vocab) must_fail |= vocab_fail;
+  if (SEES(chunking)) must_fail |= chunking_fail;
+  if (SEES(slice_cols)) must_fail |= slice_fail;
+#undef SEES
   if (getenv("FZ_DEBUG"))
     fprintf(stderr,
             "flce options: struct_size %zu ignore %lld smoothing %g z %g softcap %g red "

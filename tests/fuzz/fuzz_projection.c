@@ -85,7 +85,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   osft_projector_options_t po;
   OSFT_PROJECTOR_OPTIONS_INIT(&po);
   po.check_consistency = (int)fz_range(&f, 0, 2);
+  po.arithmetic = (osft_projection_arithmetic_t)fz_enum(&f, (int)fz_range(&f, 0, 3), 4);
   int must_fail = 0;
+  if ((int)po.arithmetic < 0 || (int)po.arithmetic > 3) must_fail = 1;
   void *pop = fz_bool(&f) ? NULL : fz_struct(&f, &po, sizeof po, &must_fail);
   fz_before();
   const osft_status_t pst =

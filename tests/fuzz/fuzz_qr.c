@@ -38,8 +38,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   OSFT_QR_OPTIONS_INIT(&o);
   void *opts = NULL;
   if (fz_range(&f, 0, 3) != 0) {
-    o.method = (osft_qr_method_t)fz_enum(&f, (int)fz_range(&f, 0, 1), 2);
-    if ((int)o.method < 0 || (int)o.method > 1) must_fail = 1;
+    o.method = (osft_qr_method_t)fz_enum(&f, (int)fz_range(&f, 0, 2), 3);
+    if ((int)o.method < 0 || (int)o.method > 2) must_fail = 1;
     o.orthogonality_threshold = fz_double(&f, 0.0);
     if (!(o.orthogonality_threshold >= 0)) must_fail = 1;
     o.rank_tolerance = fz_double(&f, 0.0);
