@@ -216,7 +216,9 @@ void one_row(const RowSetup &s, int64_t i) {
    * reduced loss is too). */
   const bool bad = y != L.ignore_index && (y < 0 || y >= L.vocab_global);
   const bool ignored = y == L.ignore_index || bad;
-  const int64_t yl = y - L.vocab_offset; /* the target's local column */
+  /* the target's local column; an ignored or bad y (INT64_MIN, say) is
+   * never offset: the subtraction could overflow */
+  const int64_t yl = ignored ? -1 : y - L.vocab_offset;
   const bool mine = !ignored && yl >= 0 && yl < v;
   float *z = static_cast<float *>(a.logits.data) + i * a.logits.ld;
   /* A bf16 gradient (engines with bf16 GEMMs) overwrites the row from its

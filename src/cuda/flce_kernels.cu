@@ -312,11 +312,13 @@ __global__ void __launch_bounds__(kMaxRowThreads) rows_kernel(RowParams p) {
   const int64_t row = blockIdx.x, tok = p.first_token + row;
   const int64_t y = target_at(p.targets, p.targets64, tok);
   const bool ignored = y == p.ignore;
-  const int64_t yl = y - p.offset; /* the target's local column */
   /* targets were checked, or are checked on the device (device_target_check):
    * the range test keeps a bad one harmless, and its loss is NaN */
-  const bool mine = !ignored && yl >= 0 && yl < p.vocab;
   const bool bad = !ignored && (y < 0 || y >= p.global);
+  /* the target's local column; an ignored or bad y is never offset (the
+   * subtraction could overflow) */
+  const int64_t yl = ignored || bad ? -1 : y - p.offset;
+  const bool mine = !ignored && yl >= 0 && yl < p.vocab;
   float *z = p.logits + row * p.ld;
   float wy = mine ? class_weight(p, yl) : 0.0f;
   Stats st = Stats::empty();
