@@ -394,14 +394,19 @@ class Run {
     return Slice{first, std::min(plan_.slice_cols, call_.v - first)};
   }
 
-  /* W's rows of slice `sl`, widened into scratch where the GEMMs take no
-   * bf16 (the buffer then holds the last slice widened). */
+  /* W's rows of slice `sl` as the GEMMs read them: W's own, or where the
+   * GEMMs take no bf16 the slice's fp32 copy in scratch (which holds the
+   * slice vocab_weight() widened last). */
+  Mat slice_weight(const Slice &sl) const {
+    if (plan_.slots.w32 < 0) return rows_of(call_.w, sl.first, sl.cols);
+    return rows_of(mat(plan_.slots.w32), 0, sl.cols);
+  }
+
+  /* slice_weight(sl), widened into scratch first where the GEMMs need it. */
   Mat vocab_weight(const Slice &sl) {
-    const Mat w = rows_of(call_.w, sl.first, sl.cols);
-    if (plan_.slots.w32 < 0) return w;
-    const Mat w32 = rows_of(mat(plan_.slots.w32), 0, sl.cols);
-    copy(w, w32);
-    return w32;
+    const Mat w = slice_weight(sl);
+    if (plan_.slots.w32 >= 0) copy(rows_of(call_.w, sl.first, sl.cols), w);
+    return w;
   }
 
   /* The logits of rows x slice `sl` into the tile buffer. */
@@ -441,10 +446,8 @@ class Run {
       if (k > 0) tile = tile_logits(xc, sl);
       row_pass(first, tile, FlceRowPhase::finish, sl, combined);
       const Mat g = gradient_view(tile);
-      const Mat ws = plan_.slots.w32 >= 0 ? rows_of(mat(plan_.slots.w32), 0, sl.cols)
-                                          : rows_of(call_.w, sl.first, sl.cols);
       if (gx.target.data != nullptr) {
-        gemm(Op::N, g, Op::N, ws, gx.beta, gx.acc);
+        gemm(Op::N, g, Op::N, slice_weight(sl), gx.beta, gx.acc);
         gx.beta = 1.0f;
       }
       if (gw_.target.data != nullptr) grad_w_slice(g, xc, sl);
@@ -461,7 +464,7 @@ class Run {
     const Mat rows = rows_of(gw_.acc, sl.first, sl.cols);
     if (plan_.slots.w32 < 0 || rows.dtype == OSFTI_F32)
       return gemm(Op::T, g, Op::N, xc, gw_.beta, rows);
-    const Mat stage = rows_of(mat(plan_.slots.w32), 0, sl.cols);
+    const Mat stage = slice_weight(sl);
     if (gw_.beta != 0.0f) copy(rows, stage);
     gemm(Op::T, g, Op::N, xc, gw_.beta, stage);
     copy(stage, rows);
