@@ -34,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import importlib.util
+import mmap
 import os
 import struct
 import sys
@@ -54,11 +55,23 @@ LOADED = {}
 def dynamic_entries(path):
     """(DT_NEEDED names, run path folders) of a 64-bit little-endian ELF shared
     object; ([], []) when `path` is not one (or cannot be read)."""
+    # mapped, not read: only the headers and the dynamic section are touched
+    # (a CUDA build of libosftrt is ~10 MB, read whole at every import)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        f = open(path, "rb")
     except OSError:
         return [], []
+    with f:
+        try:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):  # ValueError: an empty file, not an ELF
+            return [], []
+        with data:
+            return _dynamic(data)
+
+
+def _dynamic(data):
+    """dynamic_entries() of the mapped file `data`."""
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         return [], []
     shoff, = struct.unpack_from("<Q", data, 0x28)
@@ -70,7 +83,7 @@ def dynamic_entries(path):
         return sh_type, off, size, link
 
     def string(base, at):
-        return data[base + at : data.index(b"\0", base + at)].decode()
+        return data[base + at : data.find(b"\0", base + at)].decode()
 
     for i in range(shnum):
         sh_type, off, size, link = section(i)
