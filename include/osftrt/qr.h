@@ -42,8 +42,12 @@
  *     W = W R^-1 solved by blocks of 256 columns whose updates are 3xTF32
  *     GEMMs (each operand split into two TF32 parts: ~2^-20 relative) and
  *     whose diagonal blocks are fp32 solves; the first two passes shifted
- *     by s = sqrt(m) 2^-26 ||G||_F, the third not; then one pass with every
- *     step in fp64, as the last pass of OSFT_QR_CHOLESKY_QR2. A TF32 Gram
+ *     by s = sqrt(m) 2^-26 ||G||_F, the third not; then a last pass whose
+ *     Gram matrix and Cholesky factorization R = U D (U unit upper) are
+ *     fp64 and whose solve W D^-1 U^-1 takes the same 3xTF32 block updates
+ *     but finishes each block in fp64, so that every entry of Q is rounded
+ *     to fp32 once (the fp32 floor, ||Q^T Q - I||_F ~ 0.6 u sqrt(n)),
+ *     without an fp64 solve of the whole matrix. A TF32 Gram
  *     matrix is the exact Gram matrix of the rounded W, so its rounding acts
  *     like a small extra shift and does not make the factorization fail;
  *     each shifted pass divides kappa by about ||A|| / sqrt(s) (~1e3 on
@@ -51,7 +55,7 @@
  *     nearly orthogonal (||W^T W - I||_F <= 0.12 measured up to n = 2048,
  *     SOAP's inputs and log-spaced spectra alike). The solves
  *     are accurate to fp32 level, so Q R = A holds like Householder's, and
- *     the fp64 last pass makes Q orthonormal to fp32 rounding. Four Cholesky
+ *     the last pass makes Q orthonormal to fp32 rounding. Four Cholesky
  *     factorizations per matrix. The check and the fall-back are those of
  *     OSFT_QR_CHOLESKY_QR2: a failed Cholesky factorization, or a loss of
  *     orthogonality before the last pass beyond
@@ -162,8 +166,9 @@ typedef enum osft_qr_method_e {
   OSFT_QR_CHOLESKY_QR2 = 1, /**< shifted CholeskyQR3 in fp64, checked, Householder
                                fall-back */
   OSFT_QR_CHOLESKY_TF32 = 2 /**< fp32: three CholeskyQR passes whose Gram
-                               matrices are TF32 GEMMs, then one fp64 pass;
-                               checked, Householder fall-back (since 1.2) */
+                               matrices are TF32 GEMMs, then a last pass
+                               with an fp64 Gram matrix; checked,
+                               Householder fall-back (since 1.2) */
 } osft_qr_method_t;
 
 /**

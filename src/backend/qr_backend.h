@@ -135,6 +135,9 @@ constexpr size_t qr_align(size_t bytes) noexcept {
   return (bytes + 255) / 256 * 256;
 }
 
+/* Columns per block of the TF32 path's solve. */
+constexpr int64_t kTf32SolveBlock = 256;
+
 /* One lane job's buffers (elements of T), the same on both backends. The
  * Cholesky path computes in fp64 whatever T is: for fp64 jobs w64 and r64
  * are w and r themselves, for fp32 jobs buffers of their own. */
@@ -155,6 +158,12 @@ struct QrBuffers {
                             TF32 path: r's TF32 halves during a solve */
   double *r64 = nullptr; /* n x n: R = R3 R2 R1 (Cholesky, when R is wanted) */
   double *d64 = nullptr; /* n: diag(R), the product of the passes' diagonals */
+  /* The TF32 path's last pass (fp32 jobs), per block of columns J: */
+  float *t = nullptr;      /* m x kTf32SolveBlock: Q_<J U_<J,J (3xTF32) */
+  double *z = nullptr;     /* m x kTf32SolveBlock: W_J D_J^-1 - t, then Q_J */
+  double *ublk = nullptr;  /* n x kTf32SolveBlock: U's diagonal blocks in fp64,
+                              block J at ublk + j0 * kTf32SolveBlock (ld jb) */
+  double *dlast = nullptr; /* n: D, the last factor's diagonal */
   int64_t lwork = 0;
 };
 
@@ -183,7 +192,8 @@ inline double cholesky_shift_factor(int64_t m, int64_t n) noexcept {
 }
 
 /* The TF32 path (OSFT_QR_CHOLESKY_TF32, fp32 jobs): kTf32Passes passes whose
- * Gram matrix is a TF32 GEMM, then the fp64 last pass of the sequence above.
+ * Gram matrix is a TF32 GEMM, then a last pass with the fp64 Gram matrix
+ * and check of the sequence above (tf32_cholesky_qr below).
  * bench/results/qr_tensorcore_plan.md has the reasoning and the figures. */
 constexpr int kTf32Passes = 3;
 /* Cholesky factorizations (infos) a job may need: either path. */
@@ -226,7 +236,8 @@ inline double tf32_shift_factor(int64_t m) noexcept {
  *   deviation_ok()        ||g - I||_F <= threshold (g from gram())
  *   cholesky(pass)        g = chol(g) (info[pass]), w64 = w64 g^-1
  *   accumulate_r(pass)    d64 (and r64 when R is wanted) take g's factor
- *   narrow()              w = w64, the diagonal (and R) into T; checks
+ *   narrow(q_in_w64)      w = w64 (if q_in_w64), the diagonal (and R)
+ *                         into T; checks
  * Returns false when the matrix must fall back to Householder. */
 template <class Ops>
 bool shifted_cholesky_qr3(Ops &ops, int64_t m, int64_t n) {
@@ -238,11 +249,8 @@ bool shifted_cholesky_qr3(Ops &ops, int64_t m, int64_t n) {
     if (!ops.cholesky(pass)) return false;
     ops.accumulate_r(pass);
   }
-  return ops.narrow();
+  return ops.narrow(true);
 }
-
-/* Columns per block of the TF32 path's solve. */
-constexpr int64_t kTf32SolveBlock = 256;
 
 /* w = w r^-1 for the fp32 w (m x n) and the fp32 upper r, accurate to about
  * 2^-20 (the solve defines Q: its error is the QR's backward error) yet
@@ -250,18 +258,28 @@ constexpr int64_t kTf32SolveBlock = 256;
  * kTf32SolveBlock columns, each block first updated with the solved ones,
  * w_J -= x_<J r_<J,J as three TF32 GEMMs on operands split into TF32
  * halves (x = hi + lo, "3xTF32": hi hi + hi lo + lo hi), then solved with
- * its diagonal block of r in fp32 (a strsm of m x 256). The steps:
- *   split_r()              r into TF32 halves (the rows above each block)
- *   update_3xtf32(j0, jb)  w[:, j0:j0+jb] -= x[:, :j0] r[:j0, j0:j0+jb]
- *   solve_block(j0, jb)    w[:, j0:j0+jb] = w[:, j0:j0+jb] r_JJ^-1 (fp32)
- *   split_w(j0, jb)        the solved block into TF32 halves */
+ * its diagonal block of r in fp32 (a strsm of m x 256). The last pass
+ * (`last`) solves W D^-1 U^-1 instead (r = U, unit upper; D = dlast): the
+ * update goes to t, and each block is finished in fp64 (z = W_J D_J^-1 -
+ * t, z U_JJ^-1) and rounded once, so that Q's entries carry one fp32
+ * rounding, not one per GEMM and solve step. The steps:
+ *   split_r()                  r into TF32 halves (the rows above each block)
+ *   update_3xtf32(j0, jb, to_t) x[:, :j0] r[:j0, j0:j0+jb] subtracted from
+ *                              w[:, j0:j0+jb], or (to_t) written to t
+ *   solve_block(j0, jb)        w[:, j0:j0+jb] = w[:, j0:j0+jb] r_JJ^-1 (fp32)
+ *   solve_block_fp64(j0, jb)   w[:, j0:j0+jb] = fp32((W_J D_J^-1 - t) U_JJ^-1),
+ *                              t read only when j0 > 0
+ *   split_w(j0, jb)            the solved block into TF32 halves */
 template <class Ops>
-void solve_3xtf32(Ops &ops, int64_t n) {
+void solve_3xtf32(Ops &ops, int64_t n, bool last) {
   ops.split_r();
   for (int64_t j0 = 0; j0 < n; j0 += kTf32SolveBlock) {
     const int64_t jb = n - j0 < kTf32SolveBlock ? n - j0 : kTf32SolveBlock;
-    if (j0 > 0) ops.update_3xtf32(j0, jb);
-    ops.solve_block(j0, jb);
+    if (j0 > 0) ops.update_3xtf32(j0, jb, last);
+    if (last)
+      ops.solve_block_fp64(j0, jb);
+    else
+      ops.solve_block(j0, jb);
     if (j0 + jb < n) ops.split_w(j0, jb);
   }
 }
@@ -273,7 +291,21 @@ void solve_3xtf32(Ops &ops, int64_t n) {
  *                          and back into g (so that R accumulates the
  *                          factor the solve uses)
  *   solve_3xtf32's steps   w = w r^-1 (g is free by then: its halves of r)
- * then widen() and one fp64 pass with the deviation check, as above. */
+ *   cholesky_unit(pass)    g = chol(g) (info[pass]) taken as R = U D: r =
+ *                          U in fp32 (its unit diagonal exact), ublk its
+ *                          diagonal blocks in fp64, dlast = D, and g = U D
+ *                          as used (for accumulate_r)
+ * then the last pass: its Gram matrix in fp64 (widen(), gram()) with the
+ * deviation check, cholesky_unit(), and the solve of W D^-1 U^-1. W is
+ * nearly orthogonal there (||W^T W - I||_F <= threshold, so kappa(R) <=
+ * sqrt((1 + t) / (1 - t)), 1.7 at t = 0.5): U = I + N with N small, the
+ * 3xTF32 updates are corrections of W's size times N, and their error is
+ * far below Q's own fp32 rounding, the only one left on each entry (the
+ * diagonal blocks and D are applied in fp64). That replaces the n^3 fp64
+ * solve and the fp64 copy of Q of an all-fp64 last pass with a GEMM pass
+ * on the tensor cores and m n 256 fp64 flops. The fp64 Gram matrix is what
+ * makes Q orthonormal to that floor (an fp32 sum of m terms would leave
+ * ~n u in Frobenius). narrow(false) keeps Q where the solve wrote it. */
 template <class Ops>
 bool tf32_cholesky_qr(Ops &ops, int64_t m, int64_t n) {
   for (int pass = 0; pass < kTf32Passes; ++pass) {
@@ -281,14 +313,15 @@ bool tf32_cholesky_qr(Ops &ops, int64_t m, int64_t n) {
     if (pass < kTf32Passes - 1) ops.shift_by_norm(tf32_shift_factor(m));
     if (!ops.cholesky_tf32(pass)) return false;
     ops.accumulate_r(pass);
-    solve_3xtf32(ops, n);
+    solve_3xtf32(ops, n, false);
   }
   ops.widen();
   ops.gram();
   if (!ops.deviation_ok()) return false;
-  if (!ops.cholesky(kTf32Passes)) return false;
+  if (!ops.cholesky_unit(kTf32Passes)) return false;
   ops.accumulate_r(kTf32Passes);
-  return ops.narrow();
+  solve_3xtf32(ops, n, true);
+  return ops.narrow(false);
 }
 
 /* Runs the job's Cholesky path; fp64 jobs take the fp64 one whatever the
@@ -334,6 +367,13 @@ size_t qr_carve(const QrJob &job, const QrCall &call, int64_t lwork, char *base,
   } else {
     b.w64 = take64(m * n);
     b.r64 = take64(job.r.data != nullptr ? n * n : 0);
+  }
+  if (std::is_same<T, float>::value && call.method == QrMethod::cholesky_tf32) {
+    const size_t jb = n < static_cast<size_t>(kTf32SolveBlock) ? n : kTf32SolveBlock;
+    b.t = static_cast<float *>(take(m * jb * sizeof(float)));
+    b.z = static_cast<double *>(take(m * jb * sizeof(double)));
+    b.ublk = static_cast<double *>(take(n * jb * sizeof(double)));
+    b.dlast = static_cast<double *>(take(n * sizeof(double)));
   }
   b.lwork = lwork;
   if (out != nullptr) *out = b;

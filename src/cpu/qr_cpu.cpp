@@ -5,7 +5,9 @@
  * fp64: dsyrk, dpotrf, dtrsm, on the build's engine (src/core/cpu_blas.h);
  * the TF32 path's first passes emulate the tensor cores (TF32 operands by
  * truncation, sums in fp32: ssyrk for the Gram matrix, sgemm on TF32
- * halves for the 3xTF32 solve) around dpotrf and fp32 strsm blocks.
+ * halves for the 3xTF32 solve) around dpotrf and fp32 strsm blocks; its
+ * last pass is dsyrk, dpotrf and the same updates finished by fp64 dtrsm
+ * blocks.
  * Lanes are threads; while more than one runs, the BLAS is held at one
  * thread: on
  * two cores, two single-threaded QRs side by side took 0.6x the time of
@@ -285,22 +287,57 @@ class CpuCholesky {
       }
     return true;
   }
+  bool cholesky_unit(int) {
+    li info = 0;
+    potrf_upper(static_cast<li>(n_), b_.g, &info);
+    check_info(info, "dpotrf");
+    if (info > 0) return false;
+    for (int64_t j = 0; j < n_; ++j) {
+      const double d = b_.g[j + j * n_];
+      const int64_t j0 = j / kTf32SolveBlock * kTf32SolveBlock;
+      const int64_t jb = std::min(kTf32SolveBlock, n_ - j0);
+      double *block = b_.ublk + j0 * kTf32SolveBlock;
+      for (int64_t i = 0; i <= j; ++i) {
+        const float u = i == j ? 1.0f : static_cast<float>(b_.g[i + j * n_] / d);
+        b_.r[i + j * n_] = u;
+        if (i < j) b_.g[i + j * n_] = static_cast<double>(u) * d;
+        if (i >= j0) block[(i - j0) + (j - j0) * jb] = u;
+      }
+      for (int64_t i = j + 1; i < j0 + jb; ++i) block[(i - j0) + (j - j0) * jb] = 0.0;
+      b_.dlast[j] = d;
+    }
+    return true;
+  }
   void split_r() { /* the upper triangle, column by column */
     for (int64_t j = 0; j < n_; ++j)
       split_tf32(b_.r + j * n_, r_hi() + j * n_, r_lo() + j * n_, j + 1);
   }
-  void update_3xtf32(int64_t j0, int64_t jb) {
+  void update_3xtf32(int64_t j0, int64_t jb, bool to_t) {
     const float *a[3] = {w_lo(), w_hi(), w_hi()}, *b[3] = {r_hi(), r_lo(), r_hi()};
+    float *c = to_t ? b_.t : b_.w + j0 * m_;
     for (int t = 0; t < 3; ++t) /* the small terms first */
       blas::gemm(blas::Layout::col, Op::N, Op::N, static_cast<int>(m_),
-                 static_cast<int>(jb), static_cast<int>(j0), -1.0f, a[t],
-                 static_cast<int>(m_), b[t] + j0 * n_, static_cast<int>(n_), 1.0f,
-                 b_.w + j0 * m_, static_cast<int>(m_));
+                 static_cast<int>(jb), static_cast<int>(j0), to_t ? 1.0f : -1.0f, a[t],
+                 static_cast<int>(m_), b[t] + j0 * n_, static_cast<int>(n_),
+                 to_t && t == 0 ? 0.0f : 1.0f, c, static_cast<int>(m_));
   }
   void solve_block(int64_t j0, int64_t jb) {
     blas::trsm_right_upper(static_cast<int>(m_), static_cast<int>(jb),
                            b_.r + j0 + j0 * n_, static_cast<int>(n_), b_.w + j0 * m_,
                            static_cast<int>(m_));
+  }
+  void solve_block_fp64(int64_t j0, int64_t jb) {
+    float *w = b_.w + j0 * m_;
+    for (int64_t j = 0; j < jb; ++j)
+      for (int64_t i = 0; i < m_; ++i) {
+        const int64_t e = i + j * m_;
+        b_.z[e] = static_cast<double>(w[e]) / b_.dlast[j0 + j] -
+                  (j0 > 0 ? static_cast<double>(b_.t[e]) : 0.0);
+      }
+    blas::trsm_right_upper(static_cast<int>(m_), static_cast<int>(jb),
+                           b_.ublk + j0 * kTf32SolveBlock, static_cast<int>(jb), b_.z,
+                           static_cast<int>(m_));
+    for (int64_t e = 0; e < m_ * jb; ++e) w[e] = static_cast<float>(b_.z[e]);
   }
   void split_w(int64_t j0, int64_t jb) {
     split_tf32(b_.w + j0 * m_, w_hi() + j0 * m_, w_lo() + j0 * m_, m_ * jb);
@@ -314,12 +351,13 @@ class CpuCholesky {
       for (int64_t i = 0; i < n_; ++i)
         b_.r64[i + j * n_] = i <= j ? b_.g[i + j * n_] : 0.0;
   }
-  /* Q, diag(R) (into sign) and R in T; an fp64 value beyond fp32's range
-   * becomes Inf and is reported as an overflow. */
-  bool narrow() {
+  /* Q (from w64 when q_in_w64), diag(R) (into sign) and R in T; an fp64
+   * value beyond fp32's range becomes Inf and is reported as an overflow. */
+  bool narrow(bool q_in_w64) {
     for (int64_t j = 0; j < n_; ++j) b_.sign[j] = static_cast<T>(b_.d64[j]);
     if constexpr (!std::is_same<T, double>::value) {
-      for (int64_t i = 0; i < m_ * n_; ++i) b_.w[i] = static_cast<T>(b_.w64[i]);
+      if (q_in_w64)
+        for (int64_t i = 0; i < m_ * n_; ++i) b_.w[i] = static_cast<T>(b_.w64[i]);
       if (want_r_)
         for (int64_t i = 0; i < n_ * n_; ++i) b_.r[i] = static_cast<T>(b_.r64[i]);
     }

@@ -10,7 +10,8 @@
  * cuSOLVER dpotrf, cuBLAS dtrsm, three times; or the TF32 path: three
  * passes of a TF32 cublasGemmEx Gram matrix, dpotrf and a blocked solve
  * (3xTF32 cublasGemmEx updates, fp32 strsm diagonal blocks), then the
- * fp64 pass), checks of diag(R) and of
+ * last pass: dsyrk, dpotrf, the same updates with each block finished by
+ * a dtrsm in fp64), checks of diag(R) and of
  * the result, and copies out that skip themselves on the device when the
  * job's flag says it failed, so a failed matrix's outputs are never
  * touched and nothing waits for the host: no job reads a status, queries
@@ -283,12 +284,13 @@ cublasStatus_t solve_right_upper(cublasHandle_t h, int m, int n, const float *r,
   return cublasStrsm(h, CUBLAS_SIDE_RIGHT, CUBLAS_FILL_MODE_UPPER, CUBLAS_OP_N,
                      CUBLAS_DIAG_NON_UNIT, m, n, &one, r, ldr, w, m);
 }
-/* c (m x n, ld m) -= a (m x k, ld m) b (k x n, ld ldb), one TF32 GEMM */
-cublasStatus_t subtract_product_tf32(cublasHandle_t h, int m, int n, int k,
-                                     const float *a, const float *b, int ldb, float *c) {
-  const float minus = -1.0f, one = 1.0f;
-  return cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &minus, a, CUDA_R_32F, m, b,
-                      CUDA_R_32F, ldb, &one, c, CUDA_R_32F, m,
+/* c (m x n, ld m) = alpha a (m x k, ld m) b (k x n, ld ldb) + beta c, one
+ * TF32 GEMM */
+cublasStatus_t product_tf32(cublasHandle_t h, int m, int n, int k, float alpha,
+                            const float *a, const float *b, int ldb, float beta,
+                            float *c) {
+  return cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_32F, m, b,
+                      CUDA_R_32F, ldb, &beta, c, CUDA_R_32F, m,
                       CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
 }
 /* out (column-major m x n) = A q, A row-major m x m = column-major A^T */
@@ -447,18 +449,36 @@ class CudaCholesky {
   void split_r() {
     kq::launch_split_tf32(lane_.stream, f32(b_.r), r_hi(), r_lo(), n_ * n_);
   }
-  void update_3xtf32(int64_t j0, int64_t jb) {
+  bool cholesky_unit(int pass) {
+    check_solver(potrf(lane_.solver, n(), b_.g, reinterpret_cast<double *>(b_.work),
+                       lwork64(), b_.info + pass),
+                 "cusolverDn dpotrf");
+    kq::launch_unit_factor(lane_.stream, b_.g, n_, kTf32SolveBlock, f32(b_.r), b_.ublk,
+                           b_.dlast);
+    return true;
+  }
+  void update_3xtf32(int64_t j0, int64_t jb, bool to_t) {
     const float *a[3] = {w_lo(), w_hi(), w_hi()}, *b[3] = {r_hi(), r_lo(), r_hi()};
+    float *c = to_t ? b_.t : f32(b_.w) + j0 * m_;
     for (int t = 0; t < 3; ++t) /* the small terms first */
-      check_blas(subtract_product_tf32(lane_.blas, m(), static_cast<int>(jb),
-                                       static_cast<int>(j0), a[t], b[t] + j0 * n_, n(),
-                                       f32(b_.w) + j0 * m_),
+      check_blas(product_tf32(lane_.blas, m(), static_cast<int>(jb), static_cast<int>(j0),
+                              to_t ? 1.0f : -1.0f, a[t], b[t] + j0 * n_, n(),
+                              to_t && t == 0 ? 0.0f : 1.0f, c),
                  "cublasGemmEx (3xTF32)");
   }
   void solve_block(int64_t j0, int64_t jb) {
     check_blas(solve_right_upper(lane_.blas, m(), static_cast<int>(jb),
                                  f32(b_.r) + j0 + j0 * n_, n(), f32(b_.w) + j0 * m_),
                "cublas strsm");
+  }
+  void solve_block_fp64(int64_t j0, int64_t jb) {
+    float *w = f32(b_.w) + j0 * m_;
+    kq::launch_scaled_block(lane_.stream, w, j0 > 0 ? b_.t : nullptr, b_.dlast + j0, b_.z,
+                            m_, jb);
+    check_blas(solve_right_upper(lane_.blas, m(), static_cast<int>(jb),
+                                 b_.ublk + j0 * kTf32SolveBlock, b_.z),
+               "cublas dtrsm");
+    kq::launch_convert(lane_.stream, OSFTI_F64, b_.z, OSFTI_F32, w, m_ * jb);
   }
   void split_w(int64_t j0, int64_t jb) {
     kq::launch_split_tf32(lane_.stream, f32(b_.w) + j0 * m_, w_hi() + j0 * m_,
@@ -477,15 +497,17 @@ class CudaCholesky {
     r1.upper = true;
     kq::launch_transfer(lane_.stream, OSFTI_F64, r1);
   }
-  /* Q, diag(R) (into sign) and R in T, then the checks: an fp64 value
-   * beyond fp32's range becomes Inf and is reported as an overflow. */
-  bool narrow() {
+  /* Q (from w64 when q_in_w64), diag(R) (into sign) and R in T, then the
+   * checks: an fp64 value beyond fp32's range becomes Inf and is reported
+   * as an overflow. */
+  bool narrow(bool q_in_w64) {
     kq::launch_cholqr2_verdict(lane_.stream, b_.info, passes_, b_.acc, threshold_, flag_);
     kq::launch_convert(lane_.stream, OSFTI_F64, b_.d64, dtype(), b_.sign, n_);
     kq::launch_diagonal(lane_.stream, dtype(), b_.sign, 0, n_, nullptr, flag_,
                         job_.rank_tol);
     if (kNarrow) {
-      kq::launch_convert(lane_.stream, OSFTI_F64, b_.w64, dtype(), b_.w, m_ * n_);
+      if (q_in_w64)
+        kq::launch_convert(lane_.stream, OSFTI_F64, b_.w64, dtype(), b_.w, m_ * n_);
       if (want_r_)
         kq::launch_convert(lane_.stream, OSFTI_F64, b_.r64, dtype(), b_.r, n_ * n_);
     }

@@ -226,6 +226,38 @@ __global__ void split_tf32_kernel(const float *x, float *hi, float *lo, int64_t 
   }
 }
 
+/* The TF32 path's last factor, R = U D (g: n x n fp64, upper, ld n; D its
+ * diagonal): r = U in fp32 (unit diagonal, zeros below), g's strict upper
+ * triangle = fp64(r) d_j (the factor as the solve applies it), ublk = U's
+ * diagonal blocks of `block` columns in fp64 (block J at ublk + j0 * block,
+ * ld jb, zeros below), dlast = D. No thread writes what another reads:
+ * the diagonal of g is only read. */
+__global__ void unit_factor_kernel(double *g, int64_t n, int64_t block, float *r,
+                                   double *ublk, double *dlast) {
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < n * n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = e % n, j = e / n;
+    const double d = g[j + j * n];
+    const float u = i == j ? 1.0f : i < j ? static_cast<float>(g[e] / d) : 0.0f;
+    r[e] = u;
+    if (i < j) g[e] = static_cast<double>(u) * d;
+    if (i == j) dlast[j] = d;
+    const int64_t j0 = j / block * block, jb = n - j0 < block ? n - j0 : block;
+    if (i >= j0 && i < j0 + jb) ublk[j0 * block + (i - j0) + (j - j0) * jb] = u;
+  }
+}
+
+/* The TF32 path's last pass, one block of m x jb columns (all column-major,
+ * ld m): z = w / d_j - t in fp64 (t nullptr: nothing subtracted). */
+__global__ void scaled_block_kernel(const float *w, const float *t, const double *d,
+                                    double *z, int64_t m, int64_t count) {
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < count;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const double v = static_cast<double>(w[e]) / d[e / m];
+    z[e] = t != nullptr ? v - static_cast<double>(t[e]) : v;
+  }
+}
+
 unsigned elementwise_blocks(int64_t count) {
   return static_cast<unsigned>(
       std::max<int64_t>(1, std::min<int64_t>((count + kThreads - 1) / kThreads, 4096)));
@@ -515,6 +547,22 @@ void launch_split_tf32(cudaStream_t stream, const float *x, float *hi, float *lo
   if (count == 0) return;
   split_tf32_kernel<<<elementwise_blocks(count), kThreads, 0, stream>>>(x, hi, lo, count);
   check_launch("QR TF32 split");
+}
+
+void launch_unit_factor(cudaStream_t stream, double *g, int64_t n, int64_t block,
+                        float *r, double *ublk, double *dlast) {
+  if (n == 0) return;
+  unit_factor_kernel<<<elementwise_blocks(n * n), kThreads, 0, stream>>>(g, n, block, r,
+                                                                         ublk, dlast);
+  check_launch("QR unit factor");
+}
+
+void launch_scaled_block(cudaStream_t stream, const float *w, const float *t,
+                         const double *d, double *z, int64_t m, int64_t jb) {
+  if (m * jb == 0) return;
+  scaled_block_kernel<<<elementwise_blocks(m * jb), kThreads, 0, stream>>>(w, t, d, z, m,
+                                                                           m * jb);
+  check_launch("QR scaled block");
 }
 
 void launch_shift_diagonal(cudaStream_t stream, double *g, int64_t n, double factor) {

@@ -77,6 +77,18 @@ void launch_convert(cudaStream_t stream, osfti_dtype_t src_dtype, const void *sr
 void launch_split_tf32(cudaStream_t stream, const float *x, float *hi, float *lo,
                        int64_t count);
 
+/* The TF32 path's last factor R = U D (g: n x n fp64, upper, ld n): r = U
+ * in fp32 (unit diagonal, zeros below, ld n), g's strict upper triangle =
+ * fp64(r) D (the factor as applied), ublk = U's diagonal blocks of `block`
+ * columns in fp64 (block J at ublk + j0 * block, ld jb), dlast = D. */
+void launch_unit_factor(cudaStream_t stream, double *g, int64_t n, int64_t block,
+                        float *r, double *ublk, double *dlast);
+
+/* The TF32 path's last pass, one block of columns (m x jb, column-major, ld
+ * m): z = w / d_j - t in fp64; t nullptr: z = w / d_j. */
+void launch_scaled_block(cudaStream_t stream, const float *w, const float *t,
+                         const double *d, double *z, int64_t m, int64_t jb);
+
 /* The shifted first pass of the Cholesky path: g_jj += factor * trace(g)
  * for the n x n fp64 g (column-major, ld n). */
 void launch_shift_diagonal(cudaStream_t stream, double *g, int64_t n, double factor);

@@ -15,8 +15,9 @@ var (
 	QRHouseholder = QRMethod(capi.OSFT_QR_HOUSEHOLDER)
 	QRCholeskyQR2 = QRMethod(capi.OSFT_QR_CHOLESKY_QR2)
 	// QRCholeskyTF32: fp32 matrices, three CholeskyQR passes whose Gram
-	// matrices are TF32 GEMMs, then one fp64 pass; checked, with the
-	// Householder fall-back; fp64 matrices run CholeskyQR2 (library 1.2.0).
+	// matrices are TF32 GEMMs, then a last pass with an fp64 Gram matrix;
+	// checked, with the Householder fall-back; fp64 matrices run
+	// CholeskyQR2 (library 1.2.0).
 	QRCholeskyTF32 = QRMethod(capi.OSFT_QR_CHOLESKY_TF32)
 )
 

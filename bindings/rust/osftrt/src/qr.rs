@@ -15,7 +15,7 @@ pub enum QrMethod {
     /// CholeskyQR2, checked per matrix, with a Householder fall-back.
     CholeskyQr2,
     /// For fp32 matrices: three CholeskyQR passes whose Gram matrices are
-    /// TF32 GEMMs, then one fp64 pass; checked, with the Householder
+    /// TF32 GEMMs, then a last pass with an fp64 Gram matrix; checked, with the Householder
     /// fall-back. fp64 matrices run [`QrMethod::CholeskyQr2`]. (Library 1.2.)
     CholeskyTf32,
 }
