@@ -72,6 +72,54 @@ def test_both_import_orders_load_one_copy_of_each_cuda_library():
     assert results["osftrt"]["mapped"] == results["torch"]["mapped"]
 
 
+# Loads libosftrt.so.1 (argv[1]) by itself, as a C-level user of the wheel
+# would (no osftrt import, so no preload): its own run path decides. Then
+# imports torch, which must find what it needs (the defect: an older NCCL
+# loaded first made libtorch_cuda fail on a missing symbol).
+DIRECT = r"""
+import ctypes, json, os, sys
+ctypes.CDLL(sys.argv[1])
+prefixes = tuple(sys.argv[2].split(","))
+mapped = {}
+for line in open("/proc/self/maps"):
+    path = line.split()[-1] if len(line.split()) >= 6 else ""
+    base = os.path.basename(path)
+    if base.startswith(prefixes):
+        mapped.setdefault(base.split(".so")[0], set()).add(os.path.realpath(path))
+import torch
+print(json.dumps({k: sorted(v) for k, v in mapped.items()}))
+"""
+
+
+def test_direct_load_takes_the_wheel_copies_beside_the_package():
+    lib = _cudalibs.library_path(PKG)
+    wanted = _cudalibs.cuda_sonames(lib)
+    if not wanted:
+        pytest.skip("a CPU-only libosftrt needs no CUDA library")
+    _, runpath = _cudalibs.dynamic_entries(lib)
+    beside = os.path.dirname(PKG)  # site-packages, where PyTorch's nvidia-* wheels are
+    if os.path.dirname(lib) == PKG:  # the bundled library (pip install .): PyTorch's layout first
+        assert runpath[:2] == ["$ORIGIN/../nvidia/cu13/lib", "$ORIGIN/../nvidia/nccl/lib"], runpath
+    # the defect's setting: the toolkit the library was built with (its absolute run path folders) also in
+    # the loader's path, ahead of everything else
+    toolkit = [d for d in runpath if d and not d.startswith("$ORIGIN")]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               LD_LIBRARY_PATH=":".join(toolkit + [os.environ.get("LD_LIBRARY_PATH", "")]).rstrip(":"))
+    r = subprocess.run([sys.executable, "-c", DIRECT, lib, ",".join(_cudalibs._ORDER)], capture_output=True,
+                       text=True, env=env, timeout=240, cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert r.returncode == 0, "loading %s, then import torch, failed (exit %d):\n%s" % (
+        lib, r.returncode, r.stderr[-3000:])
+    mapped = json.loads(r.stdout.strip().splitlines()[-1])
+    for name, files in mapped.items():
+        assert len(files) == 1, "%s mapped from %d files: %s" % (name, len(files), files)
+    if os.path.dirname(lib) != PKG:
+        return  # a binding against an installed library: its own run path, nothing beside it
+    for soname in wanted:
+        wheel = _cudalibs.find(soname, [beside])
+        if wheel is not None:
+            assert mapped.get(soname.split(".so")[0]) == [os.path.realpath(wheel)], (soname, mapped, wheel)
+
+
 def test_needed_libraries_match_readelf():
     lib = _cudalibs.library_path(PKG)
     readelf = shutil.which("readelf")

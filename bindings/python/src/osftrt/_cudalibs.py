@@ -28,6 +28,14 @@ Import order is irrelevant: PyTorch imported first has loaded the same files
 already (nothing is loaded again); imported second, it finds them loaded.
 ``OSFTRT_CUDA_LIBS=system`` turns all this off (libosftrt's run path and the
 loader's path alone decide, as before).
+
+The bundled library (``pip install .``) also carries PyTorch's layout in
+its own run path (DT_RPATH ``$ORIGIN/../nvidia/cu13/lib``,
+``$ORIGIN/../nvidia/nccl/lib``, the CUDA-12 folders, then the toolkit it
+was built with; bindings/python/CMakeLists.txt), so a process that loads
+``osftrt/libosftrt.so.1`` without importing this package gets the same
+files from the site-packages that holds it. The preload here still decides
+where PyTorch lives elsewhere on ``sys.path``.
 """
 from __future__ import annotations
 
