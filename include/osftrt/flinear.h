@@ -42,7 +42,12 @@
  * fp32 factors with bf16 activations are rounded to bf16 for the GEMMs
  * (as a bf16 autocast would). Intermediates of the factorized strategy
  * (M x k) are stored in the compute dtype; the dense strategy's W and G are
- * fp32. Factor gradients (grad_u_low, grad_s_low, grad_v_low) have the
+ * fp32. With bf16 factors and activations on an engine that multiplies
+ * bf16 itself (CUDA; oneMKL on AMX), the dense strategy's rebuild and
+ * factor-gradient products take bf16 operands (U_low diag(S_low) rounded
+ * to bf16, accumulated into the fp32 W; G split into two bf16 halves for
+ * grad_v_low and grad_s_low, so that those keep G's fp32 precision), as a
+ * bf16 PyTorch rebuild of W does. Factor gradients (grad_u_low, grad_s_low, grad_v_low) have the
  * factors' dtype, or fp32 (master gradients for bf16 factors); they are
  * accumulated in fp32 before the single rounding.
  * bias and grad_bias are fp32 or the compute dtype.
@@ -324,7 +329,8 @@ OSFT_API osft_status_t osft_flinear_set_strategy(osft_flinear_t layer,
  * The override if one is set, else the cheaper by the cost model
  * (flops of each, an fp32-operand GEMM's flops weighed by the device's
  * rate against the compute dtype's: on CUDA with bf16 compute 16x, 2x with
- * allow_tf32; with the dense strategy ruled out when its scratch would
+ * allow_tf32; on CUDA also the bytes its element-wise passes move, at 250
+ * flops per byte; with the dense strategy ruled out when its scratch would
  * exceed the context's workspace_limit). For the backward the cost assumes
  * every gradient is requested.
  *

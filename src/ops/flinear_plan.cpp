@@ -1,7 +1,8 @@
 /* Factorized linear: the cost model that picks a strategy per call. GEMM
  * time decides, counted as flops weighted by how fast the device runs each
- * GEMM's operand type; scratch memory rules out a strategy that would not
- * fit the context's workspace limit. */
+ * GEMM's operand type, plus (on CUDA) the bytes the element-wise passes
+ * move, counted as the flops the device would do meanwhile; scratch memory
+ * rules out a strategy that would not fit the context's workspace limit. */
 #include <algorithm>
 
 #include "core/logging.h"
@@ -14,7 +15,10 @@ struct Cost {
   double flops = 0.0;   /* GEMMs on operands of the compute dtype */
   double flops32 = 0.0; /* GEMMs on fp32 operands (the dense form's rebuild, P, Q) */
   double bytes = 0.0;   /* workspace needed */
-  double time(double fp32_weight) const { return flops + fp32_weight * flops32; }
+  double traffic = 0.0; /* bytes read and written by element-wise passes */
+  double time(double fp32_weight, double flops_per_byte) const {
+    return flops + fp32_weight * flops32 + flops_per_byte * traffic;
+  }
 };
 
 Cost factorized_cost(const PlanShape &l, double m, osft_flinear_pass_t pass,
@@ -25,6 +29,7 @@ Cost factorized_cost(const PlanShape &l, double m, osft_flinear_pass_t pass,
   if (pass == OSFT_FLINEAR_FORWARD) {
     c.flops = 2.0 * m * k * (kin + n);
     c.bytes += m * k * ec;
+    c.traffic = 2.0 * m * k * ec; /* the S scaling of the M x k intermediate */
     return c;
   }
   const bool a_low = w.v || w.s, t_low = w.u || w.s;
@@ -35,6 +40,8 @@ Cost factorized_cost(const PlanShape &l, double m, osft_flinear_pass_t pass,
   if (w.u) c.flops += 2.0 * m * n * lo;
   c.bytes +=
       m * ((w.x || a_low) ? (w.x ? k : lo) : 0.0) * ec + (t_low ? m * lo * ec : 0.0);
+  /* the S scalings of A (or A_low) and T_low */
+  c.traffic = 2.0 * ec * m * (((w.x || a_low) ? (w.x ? k : lo) : 0.0) + (w.u ? lo : 0.0));
   return c;
 }
 
@@ -62,6 +69,9 @@ Cost dense_cost(const PlanShape &l, double m, osft_flinear_pass_t pass,
    * forward, and W lives outside the workspace. */
   const bool kept = l.kept;
   const double rebuild = 2.0 * n * kin * lo + n * kin;
+  /* the rebuild's element-wise bytes: W_high copied into W (8 per entry),
+   * the GEMM's read-modify-write of W (8), W into the compute dtype */
+  const double rebuild_traffic = n * kin * (16.0 + (ec != 4.0 ? 4.0 + ec : 0.0));
   const double weight_bytes = (kept ? 0.0 : n * kin * 4.0) +
                               (ec != 4.0 ? n * kin * ec : 0.0) + n * width * 4.0 +
                               (l.factor_dtype != OSFTI_F32 ? width * kin * 4.0 : 0.0);
@@ -70,6 +80,7 @@ Cost dense_cost(const PlanShape &l, double m, osft_flinear_pass_t pass,
     c.flops32 = rebuild;
     c.flops = 2.0 * m * n * kin;
     c.bytes = weight_bytes;
+    c.traffic = kept ? 0.0 : rebuild_traffic;
     return as_compute(c, bf16_products);
   }
   const bool low = w.u || w.v || w.s;
@@ -77,6 +88,7 @@ Cost dense_cost(const PlanShape &l, double m, osft_flinear_pass_t pass,
     c.flops32 += kept ? 0.0 : rebuild;
     c.flops += 2.0 * m * n * kin;
     c.bytes = weight_bytes;
+    c.traffic += kept ? 0.0 : rebuild_traffic;
   }
   if (low) {
     c.flops += 2.0 * m * n * kin;
@@ -85,6 +97,8 @@ Cost dense_cost(const PlanShape &l, double m, osft_flinear_pass_t pass,
     c.flops32 += (bf16_products ? 2.0 * p : p) + (w.u ? 2.0 * n * kin * lo : 0.0);
     c.bytes += (kept || !w.x ? n * kin * 4.0 : 0.0) + (n + kin) * lo * 8.0 +
                (bf16_products ? n * kin * 4.0 : 0.0);
+    /* G split into bf16 halves (read 4, write 2 + 2) */
+    c.traffic += bf16_products ? 8.0 * n * kin : 0.0;
   }
   return as_compute(c, bf16_products);
 }
@@ -121,11 +135,25 @@ double fp32_gemm_weight(const PlanShape &shape, osfti_dtype_t compute) noexcept 
   return shape.native_bf16 ? 4.0 : 1.0;
 }
 
-/* CPU only: CUDA's dense form keeps its fp32 products (measured so on the
- * H200; the bf16 variant has not been run there). */
+/* What a byte of element-wise traffic costs, in compute-dtype GEMM flops.
+ * On CUDA a large bf16 GEMM runs at ~700 TFLOP/s (H100, H200) against ~3
+ * TB/s of HBM for a streaming pass: 250 (the H100's 989 TFLOP/s and 3.35
+ * TB/s peaks give 295). It matters where the dense form's passes over the
+ * N x K weight (~30 bytes per entry a backward) stand against the M x k
+ * intermediates of the factorized form: for 14336 x 4096 at 8192 tokens
+ * about 0.4 ms, as much as the flops that separate the two forms. The CPU
+ * model stays flops alone, as measured (flinear_cpu.md): 0. */
+double traffic_weight(const PlanShape &shape) noexcept {
+  return shape.cuda ? 250.0 : 0.0;
+}
+
+/* Where the engine multiplies bf16 itself (CUDA's tensor cores; oneMKL on
+ * AMX) and factors and activations are bf16, the dense form's rebuild, P
+ * and Q take bf16 operands, as mini_trainer's rebuild does on a GPU; its
+ * fp32 products were measured at about 18x the bf16 ones' time on an H200
+ * (7.21 ms at 4096^2, 8192 tokens, against the factorized form's 2.27). */
 bool dense_bf16_products(const PlanShape &shape, osfti_dtype_t compute) noexcept {
-  return !shape.cuda && shape.native_bf16 && compute == OSFTI_BF16 &&
-         shape.factor_dtype == OSFTI_BF16;
+  return shape.native_bf16 && compute == OSFTI_BF16 && shape.factor_dtype == OSFTI_BF16;
 }
 
 osft_flinear_strategy_t choose_strategy(const PlanShape &shape, int64_t tokens,
@@ -139,19 +167,20 @@ osft_flinear_strategy_t choose_strategy(const PlanShape &shape, int64_t tokens,
       dense_cost(shape, m, pass, want, ec, dense_bf16_products(shape, compute));
   const double limit = static_cast<double>(shape.workspace_limit);
   const bool dense_fits = limit == 0.0 || d.bytes <= limit;
-  const double w32 = fp32_gemm_weight(shape, compute);
-  const double tf = f.time(w32), td = d.time(w32);
+  const double w32 = fp32_gemm_weight(shape, compute), wb = traffic_weight(shape);
+  const double tf = f.time(w32, wb), td = d.time(w32, wb);
   const osft_flinear_strategy_t s =
       dense_fits && td < tf ? OSFT_FLINEAR_DENSE : OSFT_FLINEAR_FACTORIZED;
-  log_message(OSFT_LOG_DEBUG,
-              "flinear %lldx%lld r=%lld l=%lld, M=%lld %s%s: factorized %.3g flop / "
-              "%.3g B, dense %.3g flop + %.3g fp32 flop (x%g) / %.3g B -> %s",
-              static_cast<long long>(shape.n), static_cast<long long>(shape.kin),
-              static_cast<long long>(shape.r), static_cast<long long>(shape.l),
-              static_cast<long long>(tokens),
-              pass == OSFT_FLINEAR_FORWARD ? "forward" : "backward",
-              shape.cuda ? " (cuda)" : "", tf, f.bytes, d.flops, d.flops32, w32, d.bytes,
-              name(s));
+  log_message(
+      OSFT_LOG_DEBUG,
+      "flinear %lldx%lld r=%lld l=%lld, M=%lld %s%s: factorized %.3g flop / "
+      "%.3g B, dense %.3g flop + %.3g fp32 flop (x%g) + %.3g B moved (x%g) / %.3g "
+      "B -> %s",
+      static_cast<long long>(shape.n), static_cast<long long>(shape.kin),
+      static_cast<long long>(shape.r), static_cast<long long>(shape.l),
+      static_cast<long long>(tokens),
+      pass == OSFT_FLINEAR_FORWARD ? "forward" : "backward", shape.cuda ? " (cuda)" : "",
+      tf, f.bytes, d.flops, d.flops32, w32, d.traffic, wb, d.bytes, name(s));
   return s;
 }
 

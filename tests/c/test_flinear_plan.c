@@ -3,9 +3,11 @@
  * timed. On an H200 (bench/results/flinear_h200.csv, bf16, 8192 tokens,
  * rank ratio 0.5) the factorized form took 2.27, 0.47, 4.49 and 4.81 ms
  * for 4096x4096, 1024x4096, 14336x4096 and 4096x14336, the dense-rebuild
- * form 7.21, 0.87, 10.1 and 10.3 ms: its rebuild and factor-gradient GEMMs
- * are fp32, about 18x slower there than the bf16 ones. Pure logic: runs
- * without a GPU. */
+ * form 7.21, 0.87, 10.1 and 10.3 ms while its rebuild and factor-gradient
+ * GEMMs were fp32 (about 18x slower there than bf16 ones); they now take
+ * bf16 operands on CUDA with bf16 factors (not yet timed on a GPU), and on
+ * CUDA the model also counts the element-wise passes' bytes. Pure logic:
+ * runs without a GPU. */
 #include "test_tensors.h"
 #include "test_util.h"
 
@@ -33,21 +35,36 @@ static int cuda_bf16(plan_shape_t s, int64_t tokens, int backward, int tf32) {
                                    tokens, backward, WANT_ALL, 0);
 }
 
-static void test_cuda_bf16_picks_the_measured_faster_form(void **state) {
+static void test_cuda_bf16_rebuilds_where_it_pays(void **state) {
   (void)state;
-  for (int i = 0; i < 4; ++i)
-    for (int backward = 0; backward < 2; ++backward)
+  /* 8192 tokens. 4096^2: the dense form's bf16 GEMMs (forward 344 GFLOP
+   * with the rebuild, backward 825) against the factorized form's 550 and
+   * 962, plus ~370 / ~500 MB of passes over W against ~130 / ~200 MB over
+   * the M x k intermediates: dense, both passes. The other three stay
+   * factorized, as measured: 1024x4096 by a few percent; 14336x4096 and
+   * 4096x14336 by their 58.7 M-entry W, whose passes (~1.3 GB a forward)
+   * cost about the flops the dense forward saves. */
+  for (int backward = 0; backward < 2; ++backward) {
+    assert_int_equal(cuda_bf16(kLlama[0], 8192, backward, 0), OSFT_FLINEAR_DENSE);
+    for (int i = 1; i < 4; ++i)
       assert_int_equal(cuda_bf16(kLlama[i], 8192, backward, 0), OSFT_FLINEAR_FACTORIZED);
+  }
 }
 
-static void test_cuda_bf16_factorized_at_any_token_count(void **state) {
+static void test_cuda_bf16_token_count_decides(void **state) {
   (void)state;
-  /* The dense form's fp32 rebuild alone outweighs what it saves: tokens
-   * only add to the factorized form's lead less than the dense form's
-   * bf16 GEMMs' (both grow linearly). */
+  /* Few tokens: the rebuild (2 N K l flops and its passes, per call: CUDA
+   * keeps no W between calls) outweighs what the dense GEMMs save, for
+   * every shape. Many: it is paid once against GEMMs that grow with M, and
+   * the dense form (half the flops at rank ratio 0.5) wins both passes of
+   * the square and the narrow layer. */
   for (int i = 0; i < 4; ++i)
-    for (int64_t m = 1; m <= (1 << 17); m *= 8)
-      assert_int_equal(cuda_bf16(kLlama[i], m, 1, 0), OSFT_FLINEAR_FACTORIZED);
+    for (int64_t m = 1; m <= 4096; m *= 8)
+      for (int backward = 0; backward < 2; ++backward)
+        assert_int_equal(cuda_bf16(kLlama[i], m, backward, 0), OSFT_FLINEAR_FACTORIZED);
+  for (int i = 0; i < 2; ++i)
+    for (int backward = 0; backward < 2; ++backward)
+      assert_int_equal(cuda_bf16(kLlama[i], 1 << 15, backward, 0), OSFT_FLINEAR_DENSE);
 }
 
 static void test_cpu_counts_flops_alike(void **state) {
@@ -94,32 +111,49 @@ static void test_cpu_native_bf16_weighs_fp32_gemms(void **state) {
   }
 }
 
+static int cuda_fp32(plan_shape_t s, int64_t tokens, int backward, int tf32) {
+  const int64_t k = s.n < s.kin ? s.n : s.kin;
+  return osfti_flinear_plan_choice(1, tf32, 1, 0, s.n, s.kin, k / 2, k / 2, 0, 0, tokens,
+                                   backward, WANT_ALL, 0);
+}
+
 static void test_cuda_fp32_counts_flops_alike(void **state) {
   (void)state;
-  /* fp32 activations on CUDA: every GEMM of both forms is fp32, so the
-   * choice is the flop count's, as on a CPU without the kept W. */
+  /* fp32 activations on CUDA: every GEMM of both forms is fp32 (TF32 or
+   * not, alike), so TF32 changes nothing, and with few tokens the choice
+   * is the CPU's (flops alone, no kept W), where the factorized form's
+   * fewer flops leave the passes nothing to decide. */
   for (int i = 0; i < 4; ++i) {
     const plan_shape_t s = kLlama[i];
     const int64_t k = s.n < s.kin ? s.n : s.kin;
-    for (int backward = 0; backward < 2; ++backward)
-      for (int tf32 = 0; tf32 < 2; ++tf32)
-        assert_int_equal(
-            osfti_flinear_plan_choice(1, tf32, 1, 0, s.n, s.kin, k / 2, k / 2, 0, 0, 8192,
-                                      backward, WANT_ALL, 0),
-            osfti_flinear_plan_choice(0, 0, 0, 0, s.n, s.kin, k / 2, k / 2, 0, 0, 8192,
-                                      backward, WANT_ALL, 0));
+    for (int backward = 0; backward < 2; ++backward) {
+      for (int64_t m = 16; m <= (1 << 15); m *= 8)
+        assert_int_equal(cuda_fp32(s, m, backward, 1), cuda_fp32(s, m, backward, 0));
+      assert_int_equal(cuda_fp32(s, 16, backward, 0),
+                       osfti_flinear_plan_choice(0, 0, 0, 0, s.n, s.kin, k / 2, k / 2, 0,
+                                                 0, 16, backward, WANT_ALL, 0));
+    }
   }
+}
+
+/* fp32 factors (FSDP2's mixed precision keeps them) with bf16 activations
+ * on CUDA: the dense form's rebuild, P and Q stay fp32 GEMMs. */
+static int cuda_fp32_factors(plan_shape_t s, int64_t tokens, int backward, int tf32) {
+  const int64_t k = s.n < s.kin ? s.n : s.kin;
+  return osfti_flinear_plan_choice(1, tf32, 1, 0, s.n, s.kin, k / 2, k - k / 2, 0, 1,
+                                   tokens, backward, WANT_ALL, 0);
 }
 
 static void test_cuda_tf32_makes_the_rebuild_cheaper(void **state) {
   (void)state;
   /* With TF32 the fp32 GEMMs run at half the bf16 rate: the square layer's
-   * forward at many tokens goes dense again (275 GFLOP bf16 + 69 GFLOP
-   * fp32 x 2 < 550 GFLOP factorized), while the backward (its rebuild
-   * again, then P and Q) stays factorized. */
-  assert_int_equal(cuda_bf16(kLlama[0], 8192, 0, 1), OSFT_FLINEAR_DENSE);
-  assert_int_equal(cuda_bf16(kLlama[0], 8192, 1, 1), OSFT_FLINEAR_FACTORIZED);
-  assert_int_equal(cuda_bf16(kLlama[0], 8192, 0, 0), OSFT_FLINEAR_FACTORIZED);
+   * forward at many tokens goes dense (275 GFLOP bf16 + 69 GFLOP fp32 x 2
+   * < 550 GFLOP factorized), while the backward (its rebuild again, then P
+   * and Q) stays factorized; without TF32 (16x) both stay factorized. */
+  assert_int_equal(cuda_fp32_factors(kLlama[0], 8192, 0, 1), OSFT_FLINEAR_DENSE);
+  assert_int_equal(cuda_fp32_factors(kLlama[0], 8192, 1, 1), OSFT_FLINEAR_FACTORIZED);
+  assert_int_equal(cuda_fp32_factors(kLlama[0], 8192, 0, 0), OSFT_FLINEAR_FACTORIZED);
+  assert_int_equal(cuda_fp32_factors(kLlama[0], 8192, 1, 0), OSFT_FLINEAR_FACTORIZED);
 }
 
 static void test_workspace_limit_rules_out_dense(void **state) {
@@ -161,8 +195,8 @@ static void test_public_report_matches(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_cuda_bf16_picks_the_measured_faster_form),
-      cmocka_unit_test(test_cuda_bf16_factorized_at_any_token_count),
+      cmocka_unit_test(test_cuda_bf16_rebuilds_where_it_pays),
+      cmocka_unit_test(test_cuda_bf16_token_count_decides),
       cmocka_unit_test(test_cpu_counts_flops_alike),
       cmocka_unit_test(test_cpu_native_bf16_weighs_fp32_gemms),
       cmocka_unit_test(test_cuda_fp32_counts_flops_alike),
