@@ -104,10 +104,13 @@ static double residual(const double *a, const double *q, const double *r, int64_
  * issue's bound is ||Q^T Q - I||_F <= 1e-5 (fp32 Householder gives ~1e-5
  * at these sizes); the paths do better, down to the floor of an exactly
  * orthonormal Q rounded once to fp32, ~0.6 u sqrt(n) (u = 2^-24, measured
- * 0.47 .. 0.61 at n = 120 .. 512), and must stay within 1.25 u sqrt(n) of
- * it: a solve that rounded each entry a few more times (fp32 GEMM updates
- * and strsm after the last factor) measured 1.35 .. 1.83 u sqrt(n). Prints
- * the figures when `table` names the case. */
+ * 0.47 .. 0.61 at n = 120 .. 512), and the square ones (SOAP's) must stay
+ * within 1.25 u sqrt(n) of it: a solve that rounded each entry a few more
+ * times (fp32 GEMM updates and strsm after the last factor) measured
+ * 1.35 .. 1.83 u sqrt(n). (On CUDA a matrix that fits one block's shared
+ * memory, like the 200 x 120 one, is factored by the batched Householder
+ * kernel whatever the method: Householder's rounding, not this floor.)
+ * Prints the figures when `table` names the case. */
 static void expect_fp32_orthonormal(const list *L, int i, const char *table) {
   const int64_t m = L->s[i].m, n = L->s[i].n;
   double *a = tt_get(L->a[i]), *q = tt_get(L->q[i]), *r = tt_get(L->r[i]);
@@ -119,7 +122,7 @@ static void expect_fp32_orthonormal(const list *L, int i, const char *table) {
         "%.2e\n",
         table, (long long)m, (long long)n, L->kappa[i], orth, resid);
   if (!(orth <= 1e-5)) fail_msg("a[%d]: ||Q^T Q - I||_F = %.3g > 1e-5", i, orth);
-  if (!(orth <= floor_bound))
+  if (m == n && !(orth <= floor_bound))
     fail_msg("a[%d]: ||Q^T Q - I||_F = %.3g > 1.25 u sqrt(n) = %.3g (n = %lld)", i, orth,
              floor_bound, (long long)n);
   free(a);
