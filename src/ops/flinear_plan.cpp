@@ -97,8 +97,9 @@ Cost dense_cost(const PlanShape &l, double m, osft_flinear_pass_t pass,
     c.flops32 += (bf16_products ? 2.0 * p : p) + (w.u ? 2.0 * n * kin * lo : 0.0);
     c.bytes += (kept || !w.x ? n * kin * 4.0 : 0.0) + (n + kin) * lo * 8.0 +
                (bf16_products ? n * kin * 4.0 : 0.0);
-    /* G split into bf16 halves (read 4, write 2 + 2) */
-    c.traffic += bf16_products ? 8.0 * n * kin : 0.0;
+    /* G into bf16 halves: split_bf16's three passes (6 + 10 + 6 bytes per
+     * entry), or one (6) where only Q needs it */
+    c.traffic += bf16_products ? (w.v || w.s ? 22.0 : 6.0) * n * kin : 0.0;
   }
   return as_compute(c, bf16_products);
 }

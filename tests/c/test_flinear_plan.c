@@ -39,11 +39,13 @@ static void test_cuda_bf16_rebuilds_where_it_pays(void **state) {
   (void)state;
   /* 8192 tokens. 4096^2: the dense form's bf16 GEMMs (forward 344 GFLOP
    * with the rebuild, backward 825) against the factorized form's 550 and
-   * 962, plus ~370 / ~500 MB of passes over W against ~130 / ~200 MB over
-   * the M x k intermediates: dense, both passes. The other three stay
-   * factorized, as measured: 1024x4096 by a few percent; 14336x4096 and
-   * 4096x14336 by their 58.7 M-entry W, whose passes (~1.3 GB a forward)
-   * cost about the flops the dense forward saves. */
+   * 962, plus 369 / 738 MB of passes over W (the rebuild; G's split)
+   * against 134 / 201 MB over the M x k intermediates: dense, the forward
+   * clearly (436 against 583 GFLOP-equivalents), the backward by a hair
+   * (1009 against 1012). The other three stay factorized, as measured:
+   * 1024x4096 by a few percent; 14336x4096 and 4096x14336 by their 58.7
+   * M-entry W, whose passes (~1.3 GB a forward) cost about the flops the
+   * dense forward saves. */
   for (int backward = 0; backward < 2; ++backward) {
     assert_int_equal(cuda_bf16(kLlama[0], 8192, backward, 0), OSFT_FLINEAR_DENSE);
     for (int i = 1; i < 4; ++i)
