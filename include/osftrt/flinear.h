@@ -47,9 +47,10 @@
  * factor-gradient products take bf16 operands (U_low diag(S_low) rounded
  * to bf16, accumulated into the fp32 W; G split into two bf16 halves for
  * grad_v_low and grad_s_low, so that those keep G's fp32 precision), as a
- * bf16 PyTorch rebuild of W does. Factor gradients (grad_u_low, grad_s_low, grad_v_low) have the
- * factors' dtype, or fp32 (master gradients for bf16 factors); they are
- * accumulated in fp32 before the single rounding.
+ * bf16 PyTorch rebuild of W does. Factor gradients (grad_u_low,
+ * grad_s_low, grad_v_low) have the factors' dtype, or fp32 (master
+ * gradients for bf16 factors); they are accumulated in fp32 before the
+ * single rounding.
  * bias and grad_bias are fp32 or the compute dtype.
  *
  * @par Thread safety
