@@ -2331,7 +2331,8 @@ end
 The override if one is set, else the cheaper by the cost model
 (flops of each, an fp32-operand GEMM's flops weighed by the device's
 rate against the compute dtype's: on CUDA with bf16 compute 16x, 2x with
-allow_tf32; with the dense strategy ruled out when its scratch would
+allow_tf32; on CUDA also the bytes its element-wise passes move, at 250
+flops per byte; with the dense strategy ruled out when its scratch would
 exceed the context's workspace_limit). For the backward the cost assumes
 every gradient is requested.
 
