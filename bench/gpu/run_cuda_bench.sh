@@ -30,6 +30,9 @@
 #                        mini_trainer's per-target code on the same shapes
 #                        (issue 34's goal: osft <= 0.9x its time; the summary
 #                        at the end)
+#   qr_rates.csv         bench_qr_rates: the QR methods' cuBLAS/cuSOLVER steps
+#                        (dpotrf, dsyrk, TF32 GEMMs, triangular solves,
+#                        geqrf + orgqr) at 1024..6144, summed per list
 #   qr_soap{1024,2048}.csv, peers_qr_soap{1024,2048}.csv   the QR lines: PR
 #                        118's lists (hidden 1024 / 2048, MLP 4096; inputs
 #                        built on the GPU; hidden 2048: --quick, 1 round, power
@@ -43,8 +46,8 @@
 #   bench.log            everything printed;  lines.csv  name,rc,seconds
 #
 # OSFTRT_BENCH_ONLY=name,name runs only those lines (names as in lines.csv:
-# flce flinear mlp projection peers_projection qr_soap1024 qr_soap2048 peers
-# peers_qr_soap1024 peers_qr_soap2048). The rows of issue 26 that no GPU has
+# flce flinear mlp projection peers_projection qr_rates qr_soap1024 qr_soap2048
+# peers peers_qr_soap1024 peers_qr_soap2048). The rows of issue 26 that no GPU has
 # measured yet, in about 3-5 minutes (an H100's estimate; at most 330 s):
 #   OSFTRT_BENCH_ONLY=projection,peers_projection,qr_soap2048,peers_qr_soap2048
 #
@@ -199,6 +202,13 @@ fi
   # mini_trainer's per-target projection in PyTorch, same shapes
   run_line peers_projection 60 "$py" "$root/bench/gpu/peers_projection_torch.py" \
     --device $dev "${peers_proj_args[@]}" --csv "$out/peers_projection_$dev.csv"
+  # QR: the rates of the cuBLAS/cuSOLVER steps the methods are made of, at
+  # SOAP's sizes, and their sums per list (GPU only: nothing to dry-run)
+  if [[ $dry == 1 ]]; then
+    echo "== qr_rates: skipped in a dry run (it times the GPU's libraries)"
+  else
+    run_line qr_rates 40 "$build/bench/bench_qr_rates" --csv "$out/qr_rates.csv"
+  fi
   # QR: the batch and the power step (inputs built on the GPU)
   run_line qr_soap1024 60 "$build/bench/bench_qr" --device $dev --workload soap-gpt2-1024 \
     --power "${qr_args[@]}" --csv "$out/qr_soap1024.csv"
