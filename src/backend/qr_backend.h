@@ -200,13 +200,17 @@ constexpr int kTf32Passes = 3;
 constexpr int kMaxCholeskyPasses = kTf32Passes + 1;
 static_assert(kMaxCholeskyPasses >= kCholeskyPasses, "info slots");
 
-/* Cholesky factorizations (infos) of a job of dtype T under `method`:
- * run_cholesky_path's choice below. */
+/* Whether a job of dtype T under `method` takes the TF32 path
+ * (run_cholesky_path's choice below): fp32 jobs of OSFT_QR_CHOLESKY_TF32. */
+template <class T>
+constexpr bool qr_tf32_path(QrMethod m) noexcept {
+  return std::is_same<T, float>::value && m == QrMethod::cholesky_tf32;
+}
+
+/* Cholesky factorizations (infos) of a job of dtype T under `method`. */
 template <class T>
 constexpr int qr_cholesky_passes(QrMethod m) noexcept {
-  return std::is_same<T, float>::value && m == QrMethod::cholesky_tf32
-             ? kMaxCholeskyPasses
-             : kCholeskyPasses;
+  return qr_tf32_path<T>(m) ? kMaxCholeskyPasses : kCholeskyPasses;
 }
 
 /* s / ||G||_F of the TF32 path's shifted passes: sqrt(m) 2^-26. A TF32 Gram
@@ -368,7 +372,7 @@ size_t qr_carve(const QrJob &job, const QrCall &call, int64_t lwork, char *base,
     b.w64 = take64(m * n);
     b.r64 = take64(job.r.data != nullptr ? n * n : 0);
   }
-  if (std::is_same<T, float>::value && call.method == QrMethod::cholesky_tf32) {
+  if (qr_tf32_path<T>(call.method)) {
     const size_t jb = n < static_cast<size_t>(kTf32SolveBlock) ? n : kTf32SolveBlock;
     b.t = static_cast<float *>(take(m * jb * sizeof(float)));
     b.z = static_cast<double *>(take(m * jb * sizeof(double)));

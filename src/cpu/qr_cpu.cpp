@@ -256,10 +256,7 @@ class CpuCholesky {
   }
   bool deviation_ok() const { return distance(1.0) <= threshold_; }
   bool cholesky(int) {
-    li info = 0;
-    potrf_upper(static_cast<li>(n_), b_.g, &info);
-    check_info(info, "dpotrf");
-    if (info > 0) return false;
+    if (!factor_g()) return false;
     solve_right_upper(static_cast<int>(m_), static_cast<int>(n_), b_.g, b_.w64);
     return true;
   }
@@ -276,10 +273,7 @@ class CpuCholesky {
       for (int64_t i = 0; i <= j; ++i) b_.g[i + j * n_] = b_.r[i + j * n_];
   }
   bool cholesky_tf32(int) {
-    li info = 0;
-    potrf_upper(static_cast<li>(n_), b_.g, &info);
-    check_info(info, "dpotrf");
-    if (info > 0) return false;
+    if (!factor_g()) return false;
     for (int64_t j = 0; j < n_; ++j)
       for (int64_t i = 0; i <= j; ++i) {
         b_.r[i + j * n_] = static_cast<float>(b_.g[i + j * n_]);
@@ -288,10 +282,7 @@ class CpuCholesky {
     return true;
   }
   bool cholesky_unit(int) {
-    li info = 0;
-    potrf_upper(static_cast<li>(n_), b_.g, &info);
-    check_info(info, "dpotrf");
-    if (info > 0) return false;
+    if (!factor_g()) return false;
     for (int64_t j = 0; j < n_; ++j) {
       const double d = b_.g[j + j * n_];
       const int64_t j0 = j / kTf32SolveBlock * kTf32SolveBlock;
@@ -365,6 +356,13 @@ class CpuCholesky {
   }
 
  private:
+  /* g = chol(g) in place (upper); false if g is not positive definite. */
+  bool factor_g() {
+    li info = 0;
+    potrf_upper(static_cast<li>(n_), b_.g, &info);
+    check_info(info, "dpotrf");
+    return info == 0;
+  }
   /* ||g - diagonal I||_F of the symmetric g whose upper triangle is stored. */
   double distance(double diagonal) const {
     double sum = 0.0;

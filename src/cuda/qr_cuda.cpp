@@ -423,9 +423,7 @@ class CudaCholesky {
     kq::launch_shift_diagonal_norm(lane_.stream, b_.g, n_, factor, b_.acc);
   }
   bool cholesky(int pass) {
-    check_solver(potrf(lane_.solver, n(), b_.g, reinterpret_cast<double *>(b_.work),
-                       lwork64(), b_.info + pass),
-                 "cusolverDn dpotrf");
+    factor_g(pass);
     check_blas(solve_right_upper(lane_.blas, m(), n(), b_.g, b_.w64), "cublas dtrsm");
     return true;
   }
@@ -438,9 +436,7 @@ class CudaCholesky {
     kq::launch_convert(lane_.stream, OSFTI_F32, b_.r, OSFTI_F64, b_.g, n_ * n_);
   }
   bool cholesky_tf32(int pass) {
-    check_solver(potrf(lane_.solver, n(), b_.g, reinterpret_cast<double *>(b_.work),
-                       lwork64(), b_.info + pass),
-                 "cusolverDn dpotrf");
+    factor_g(pass);
     /* R rounded to fp32 for the solve, and g = that R for accumulate_r */
     kq::launch_convert(lane_.stream, OSFTI_F64, b_.g, OSFTI_F32, b_.r, n_ * n_);
     kq::launch_convert(lane_.stream, OSFTI_F32, b_.r, OSFTI_F64, b_.g, n_ * n_);
@@ -450,9 +446,7 @@ class CudaCholesky {
     kq::launch_split_tf32(lane_.stream, f32(b_.r), r_hi(), r_lo(), n_ * n_);
   }
   bool cholesky_unit(int pass) {
-    check_solver(potrf(lane_.solver, n(), b_.g, reinterpret_cast<double *>(b_.work),
-                       lwork64(), b_.info + pass),
-                 "cusolverDn dpotrf");
+    factor_g(pass);
     kq::launch_unit_factor(lane_.stream, b_.g, n_, kTf32SolveBlock, f32(b_.r), b_.ublk,
                            b_.dlast);
     return true;
@@ -518,6 +512,13 @@ class CudaCholesky {
 
  private:
   static constexpr bool kNarrow = !std::is_same<T, double>::value;
+  /* g = chol(g) in place (upper); its info into info[pass], read by the
+   * verdict on the device */
+  void factor_g(int pass) {
+    check_solver(potrf(lane_.solver, n(), b_.g, reinterpret_cast<double *>(b_.work),
+                       lwork64(), b_.info + pass),
+                 "cusolverDn dpotrf");
+  }
   osfti_dtype_t dtype() const noexcept { return job_.q.dtype; }
   /* acc = ||g - diagonal I||_F^2 (g symmetric, its upper triangle read) */
   void squared_distance(double diagonal) {
