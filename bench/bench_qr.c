@@ -418,11 +418,6 @@ static void settle(void) {
   nanosleep(&ts, NULL);
 }
 
-static int cmp_double(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 /* Round-robin over the variants, `reps` rounds after a warm-up round, so
  * that load from elsewhere on the machine hits them alike; medians, and
  * the median of the per-round speedups over v[0] (robust to load that

@@ -36,6 +36,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
+
 enum { kMaxSizes = 16, kBlock = 256 };
 
 enum step {
@@ -89,14 +91,10 @@ typedef struct {
 static void fill(bufs *b, unsigned seed) {
   const int n = b->n;
   const size_t nn = (size_t)n * n;
-  float *h32 = malloc(nn * sizeof(float));
-  double *h64 = malloc(nn * sizeof(double));
-  check(h32 && h64, "malloc");
-  for (size_t e = 0; e < nn; ++e) {
-    seed = seed * 1664525u + 1013904223u;
-    h64[e] = (double)(seed >> 8) / 16777216.0 - 0.5;
-    h32[e] = (float)h64[e];
-  }
+  float *h32 = xmalloc(nn * sizeof(float));
+  double *h64 = xmalloc(nn * sizeof(double));
+  fill_uniform(h32, nn, seed, 1.0f);
+  for (size_t e = 0; e < nn; ++e) h64[e] = h32[e];
   CUDA(cudaMemcpy(b->a32, h32, nn * sizeof(float), cudaMemcpyHostToDevice));
   CUDA(cudaMemcpy(b->a64, h64, nn * sizeof(double), cudaMemcpyHostToDevice));
   for (int j = 0; j < n; ++j)
@@ -178,11 +176,6 @@ static void run_step(int s, bufs *b, cublasHandle_t blas, cusolverDnHandle_t sol
       }
       return;
   }
-}
-
-static int cmp_double(const void *x, const void *y) {
-  const double a = *(const double *)x, b = *(const double *)y;
-  return a < b ? -1 : a > b;
 }
 
 /* The median ms of `reps` runs of step s after a warm-up. */

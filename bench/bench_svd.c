@@ -27,11 +27,6 @@
 #include "bench_util.h"
 #include "osftrt/osftrt.h"
 
-static int cmp_double(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 int main(int argc, char **argv) {
   int force_cpu = 0, reps = 3;
   double scale = 0;

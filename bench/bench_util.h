@@ -36,6 +36,12 @@ static inline void *xmalloc(size_t bytes) {
   return p;
 }
 
+/* qsort's comparison of doubles, ascending (medians of timings). */
+static inline int cmp_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
 /* n values uniform in [-scale/2, scale/2) from an LCG seeded with `seed`. */
 static inline void fill_uniform(float *p, size_t n, unsigned seed, float scale) {
   for (size_t i = 0; i < n; ++i) {
