@@ -85,8 +85,8 @@ PlanShape plan_shape(const Layer &layer);
 /* The relative cost of an fp32-operand GEMM flop next to a compute-dtype one. */
 double fp32_gemm_weight(const PlanShape &shape, osfti_dtype_t compute) noexcept;
 /* Whether the dense form runs its rebuild and factor-gradient GEMMs on bf16
- * operands (the CPU with native bf16 GEMMs, bf16 factors and activations)
- * rather than fp32 ones. */
+ * operands (an engine with native bf16 GEMMs: CUDA, oneMKL on AMX; bf16
+ * factors and activations) rather than fp32 ones. */
 bool dense_bf16_products(const PlanShape &shape, osfti_dtype_t compute) noexcept;
 osft_flinear_strategy_t choose_strategy(const PlanShape &shape, int64_t tokens,
                                         osft_flinear_pass_t pass, const GradRequest &want,

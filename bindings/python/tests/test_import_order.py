@@ -22,23 +22,31 @@ from osftrt import _cudalibs
 
 PKG = os.path.dirname(os.path.abspath(osftrt.__file__))
 
+# The probes' common part: the files this process has mapped whose names
+# start with one of `prefixes`, by library name (what precedes ".so").
+MAPS = r"""
+import json, os, sys
+def mapped_files(prefixes):
+    mapped = {}
+    for line in open("/proc/self/maps"):
+        path = line.split()[-1] if len(line.split()) >= 6 else ""
+        base = os.path.basename(path)
+        if base.startswith(prefixes):
+            mapped.setdefault(base.split(".so")[0], set()).add(os.path.realpath(path))
+    return mapped
+"""
+
 # Imports osftrt and torch in the order given by argv[1] ("osftrt" or
 # "torch" first), then reports every mapped file whose name starts with a
 # CUDA library prefix of _cudalibs, what _cudalibs loaded, and torch's CUDA.
-PROBE = r"""
-import json, os, sys
+PROBE = MAPS + r"""
 first = sys.argv[1]
 if first == "osftrt":
     import osftrt.torch, torch
 else:
     import torch, osftrt.torch
 from osftrt import _cudalibs
-mapped = {}
-for line in open("/proc/self/maps"):
-    path = line.split()[-1] if len(line.split()) >= 6 else ""
-    base = os.path.basename(path)
-    if base.startswith(_cudalibs._ORDER):
-        mapped.setdefault(base.split(".so")[0], set()).add(os.path.realpath(path))
+mapped = mapped_files(_cudalibs._ORDER)
 x = torch.ones(3)
 assert float(osftrt.torch.fused_linear_cross_entropy(x.view(1, 3), torch.eye(3), torch.tensor([1]))) > 0
 print(json.dumps({"mapped": {k: sorted(v) for k, v in mapped.items()}, "loaded": _cudalibs.LOADED,
@@ -76,16 +84,10 @@ def test_both_import_orders_load_one_copy_of_each_cuda_library():
 # would (no osftrt import, so no preload): its own run path decides. Then
 # imports torch, which must find what it needs (the defect: an older NCCL
 # loaded first made libtorch_cuda fail on a missing symbol).
-DIRECT = r"""
-import ctypes, json, os, sys
+DIRECT = MAPS + r"""
+import ctypes
 ctypes.CDLL(sys.argv[1])
-prefixes = tuple(sys.argv[2].split(","))
-mapped = {}
-for line in open("/proc/self/maps"):
-    path = line.split()[-1] if len(line.split()) >= 6 else ""
-    base = os.path.basename(path)
-    if base.startswith(prefixes):
-        mapped.setdefault(base.split(".so")[0], set()).add(os.path.realpath(path))
+mapped = mapped_files(tuple(sys.argv[2].split(",")))
 import torch
 print(json.dumps({k: sorted(v) for k, v in mapped.items()}))
 """
