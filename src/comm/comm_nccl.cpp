@@ -5,8 +5,8 @@
  * ncclInProgress and is polled with ncclCommGetAsyncError against the
  * deadline; after each collective an event on the stream is polled the same
  * way (with a finite timeout), and on timeout or error the communicator is
- * aborted, which also frees the kernels stuck on the stream. Compiled only
- * when NCCL is found (nccl_none.cpp otherwise). */
+ * aborted, which also frees the kernels stuck on the stream. Part of the
+ * CUDA module (src/cuda/module_cuda.h) when NCCL is found. */
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "cuda/device_guard.h"
+#include "cuda/module_cuda.h"
 
 namespace osft {
 namespace {
@@ -249,7 +250,7 @@ Engine *finish_engine(Context &ctx, ncclComm_t comm, bool owned, double timeout,
 
 }  // namespace
 
-void nccl_unique_id(osft_nccl_unique_id_t *id) {
+void cuda_nccl_unique_id(osft_nccl_unique_id_t *id) {
   ncclUniqueId uid;
   const ncclResult_t r = ncclGetUniqueId(&uid);
   if (r != ncclSuccess) nccl_failed(r, "ncclGetUniqueId");
@@ -257,7 +258,7 @@ void nccl_unique_id(osft_nccl_unique_id_t *id) {
   std::memcpy(id->internal, &uid, sizeof uid);
 }
 
-Engine *make_nccl_engine(Context &ctx, void *nccl_comm, EngineInfo *info) {
+Engine *cuda_make_nccl_engine(Context &ctx, void *nccl_comm, EngineInfo *info) {
   require_cuda_context(ctx);
   if (nccl_comm == nullptr) raise(OSFT_STATUS_INVALID_ARGUMENT, "nccl_comm: NULL");
   const auto comm = static_cast<ncclComm_t>(nccl_comm);
@@ -272,7 +273,7 @@ Engine *make_nccl_engine(Context &ctx, void *nccl_comm, EngineInfo *info) {
   return finish_engine(ctx, comm, false, 0.0, info);
 }
 
-Engine *make_nccl_engine_from_id(Context &ctx, const osft_nccl_unique_id_t &id,
+Engine *cuda_make_nccl_engine_from_id(Context &ctx, const osft_nccl_unique_id_t &id,
                                  int nranks, int rank, const Deadline &deadline,
                                  EngineInfo *info) {
   require_cuda_context(ctx);

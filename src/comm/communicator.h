@@ -1,11 +1,13 @@
 /* Internal: the communicator behind osft_comm_t — one interface (Engine)
- * with one implementation per file: self.cpp, mpi.cpp, nccl.cpp,
- * callbacks.cpp (mpi_none.cpp / nccl_none.cpp where the dependency is not
- * compiled in). comm.cpp holds what every engine shares: the handle,
- * argument checks, deadlines, broken-state bookkeeping and statistics. */
+ * with one implementation per file: comm_self.cpp, comm_mpi.cpp (or
+ * comm_mpi_none.cpp without MPI), comm_nccl.cpp (in the CUDA module, reached
+ * through comm_nccl_module.cpp), comm_callbacks.cpp. communicator.cpp
+ * holds what every engine shares: the handle, argument checks, deadlines,
+ * broken-state bookkeeping and statistics. */
 #ifndef OSFTRT_SRC_COMM_COMMUNICATOR_H
 #define OSFTRT_SRC_COMM_COMMUNICATOR_H
 
+#include "core/core_api.h"
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -19,9 +21,9 @@ namespace osft {
 /* The moment a collective must have finished by. */
 class Deadline {
  public:
-  explicit Deadline(double seconds);
+  OSFT_CORE_API explicit Deadline(double seconds);
   bool infinite() const noexcept { return infinite_; }
-  bool passed() const noexcept;
+  OSFT_CORE_API bool passed() const noexcept;
   double seconds() const noexcept { return seconds_; }
 
  private:
@@ -35,7 +37,7 @@ class Deadline {
  * of sleep per poll once the wait has lasted 100 ms. */
 class Backoff {
  public:
-  void pause();
+  OSFT_CORE_API void pause();
 
  private:
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();

@@ -4,6 +4,7 @@
 #ifndef OSFTRT_SRC_CORE_ALLOCATOR_H
 #define OSFTRT_SRC_CORE_ALLOCATOR_H
 
+#include "core/core_api.h"
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -28,9 +29,9 @@ class Allocator {
   Allocator(const osft_allocator_t *callbacks, const char *arg);
 
   /* Throw OSFT_STATUS_OUT_OF_MEMORY naming `what` on failure. `bytes` > 0. */
-  void *host_alloc(size_t bytes, const char *what);
+  OSFT_CORE_API void *host_alloc(size_t bytes, const char *what);
   void *device_alloc(size_t bytes, int device_id, void *stream, const char *what);
-  void host_free(void *ptr, size_t bytes) noexcept;
+  OSFT_CORE_API void host_free(void *ptr, size_t bytes) noexcept;
   void device_free(void *ptr, size_t bytes, int device_id, void *stream) noexcept;
 
   /* A host object constructed in memory from host_alloc, and its undoing;

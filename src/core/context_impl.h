@@ -4,6 +4,7 @@
 #ifndef OSFTRT_SRC_CORE_CONTEXT_IMPL_H
 #define OSFTRT_SRC_CORE_CONTEXT_IMPL_H
 
+#include "core/core_api.h"
 #include "osftrt/context.h"
 
 #ifdef __cplusplus
@@ -94,13 +95,13 @@ void release_workspace(Context &ctx);
  * the same shapes allocate nothing after the first. Valid until the next
  * kernel_scratch() call; a kernel takes it once. Not counted against
  * workspace_limit (it is the size of one kernel's partial results). */
-void *kernel_scratch(Context &ctx, size_t bytes, const char *what);
+OSFT_CORE_API void *kernel_scratch(Context &ctx, size_t bytes, const char *what);
 
 /* kernel_scratch(), or nullptr when the memory is refused
  * (OSFT_STATUS_OUT_OF_MEMORY; any other failure throws): for a kernel with a
  * slower way that needs none, so that a refused allocation in the middle of
  * an operation, after it wrote some outputs, cannot fail it halfway. */
-void *kernel_scratch_if_available(Context &ctx, size_t bytes, const char *what);
+OSFT_CORE_API void *kernel_scratch_if_available(Context &ctx, size_t bytes, const char *what);
 
 /* The buffers of an operation that calls other operations (the tiled MLP
  * over flinear layers, whose calls take the workspace): a third block, kept
@@ -113,17 +114,17 @@ void *outer_workspace(Context &ctx, size_t bytes, const char *what);
  * does not fit allocates from the host allocator, and the block then grows
  * to what that call needed as soon as nothing is held, so the next call
  * with the same shapes allocates nothing. */
-void *host_scratch_take(Context &ctx, size_t bytes, const char *what);
-void host_scratch_give(Context &ctx, void *ptr, size_t bytes) noexcept;
+OSFT_CORE_API void *host_scratch_take(Context &ctx, size_t bytes, const char *what);
+OSFT_CORE_API void host_scratch_give(Context &ctx, void *ptr, size_t bytes) noexcept;
 
 /* CUDA device memory through the context's allocator (CUDA contexts). */
-void *device_alloc(Context &ctx, size_t bytes, const char *what);
-void device_free(Context &ctx, void *ptr, size_t bytes) noexcept;
+OSFT_CORE_API void *device_alloc(Context &ctx, size_t bytes, const char *what);
+OSFT_CORE_API void device_free(Context &ctx, void *ptr, size_t bytes) noexcept;
 
 /* Memory where the context computes (host for a CPU context, its GPU for a
  * CUDA one), through its allocator: for objects that outlive a call. */
-void *memory_alloc(Context &ctx, size_t bytes, const char *what);
-void memory_free(Context &ctx, void *ptr, size_t bytes) noexcept;
+OSFT_CORE_API void *memory_alloc(Context &ctx, size_t bytes, const char *what);
+OSFT_CORE_API void memory_free(Context &ctx, void *ptr, size_t bytes) noexcept;
 
 /* The DLPack device of the context's memory (kDLCPU or kDLCUDA + id). */
 DLDevice dl_device(const Context &ctx) noexcept;
@@ -132,8 +133,8 @@ void set_stream(Context &ctx, void *stream);
 void synchronize(Context &ctx);
 
 /* cuBLAS / cuSOLVER handles, created on first use, bound to the stream. */
-void *blas_handle(Context &ctx);
-void *solver_handle(Context &ctx);
+OSFT_CORE_API void *blas_handle(Context &ctx);
+OSFT_CORE_API void *solver_handle(Context &ctx);
 
 }  // namespace osft
 

@@ -209,7 +209,9 @@ OSFT_SIMD_INLINE void exp(f32v &x) {
   x = p * scale;
 }
 
-/* Whole rows (src/cpu/simd_cpu.cpp, cloned per instruction set). */
+/* Whole rows (src/cpu/simd_cpu.cpp, cloned per instruction set). Hidden
+ * by name: GCC gives the clones' dispatchers default visibility. */
+#pragma GCC visibility push(hidden)
 /* dst[0, n) = src widened to fp32 (exact). */
 void widen(const bf16 *src, float *dst, int64_t n) noexcept;
 /* dst[0, n) = to_bf16(src) (round to nearest even, NaN stays NaN). */
@@ -222,6 +224,7 @@ void scale(int64_t n, const float *a, const float *s, float s0, float beta,
 void accumulate(int64_t n, const float *a, const float *b, double *sums) noexcept;
 /* sum_j a[j] * b[j] (b == nullptr: a[j]), accumulated in fp64. */
 double dot(int64_t n, const float *a, const float *b) noexcept;
+#pragma GCC visibility pop
 
 }  // namespace osft::simd
 

@@ -5,6 +5,8 @@
 #ifndef OSFTRT_SRC_CORE_CUDA_ARCH_H
 #define OSFTRT_SRC_CORE_CUDA_ARCH_H
 
+#include "core/core_api.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -20,7 +22,7 @@ extern "C" {
  * specific) build runs only on exactly that GPU, an "f" (family) build on
  * its major version.  "native", "all" and
  * "all-major": 1 (CMake chose for the machine or built everything). */
-int osfti_cuda_arch_supported(const char *archs, int major, int minor);
+OSFT_CORE_API int osfti_cuda_arch_supported(const char *archs, int major, int minor);
 
 #ifdef __cplusplus
 }

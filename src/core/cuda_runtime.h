@@ -1,7 +1,9 @@
-/* Internal: what the core needs from the CUDA runtime and libraries. Built
- * from src/cuda/runtime_cuda.cpp when CUDA is compiled in, and from
- * src/cuda/runtime_cuda_none.cpp otherwise (copy(): src/cuda/memcpy_cuda.cpp),
- * so the core never tests a macro. */
+/* Internal: what the core needs from the CUDA runtime and libraries. The
+ * core implements it by forwarding to the CUDA module, loaded on the first
+ * request that needs a GPU (src/backend/cuda_module.cpp); the module's own
+ * implementation is src/cuda/runtime_cuda.cpp (copy(): memcpy_cuda.cpp).
+ * In a build without CUDA, or where the module cannot be loaded, there are
+ * no devices, and every request for one throws (see check_device). */
 #ifndef OSFTRT_SRC_CORE_CUDA_RUNTIME_H
 #define OSFTRT_SRC_CORE_CUDA_RUNTIME_H
 
@@ -11,12 +13,13 @@ namespace osft::cuda {
 
 bool compiled() noexcept;
 
-/* Visible GPUs; 0 when there is no driver or no device. */
+/* Visible GPUs; 0 when there is no module, runtime, driver or device.
+ * Loads the CUDA module. */
 int device_count() noexcept;
 
 /* Throws OSFT_STATUS_NOT_SUPPORTED (not compiled in) or
- * OSFT_STATUS_NO_DEVICE (no driver, no GPU, ordinal too large), naming
- * `arg`. */
+ * OSFT_STATUS_NO_DEVICE (no CUDA module or CUDA runtime, no driver, no GPU,
+ * ordinal too large), naming `arg`. */
 void check_device(int device_id, const char *arg);
 
 /* Device memory in stream order on `stream`, from the library's own pool
@@ -59,7 +62,7 @@ void destroy_blas(int device_id, void *blas) noexcept;
 void destroy_solver(int device_id, void *solver) noexcept;
 
 /* CUDART_VERSION the library was built with (13000 for 13.0), 0 without
- * CUDA; for osft_build_info(). */
+ * CUDA; for osft_build_info(). Loads nothing. */
 int toolkit_version() noexcept;
 
 }  // namespace osft::cuda

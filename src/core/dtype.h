@@ -3,6 +3,7 @@
 #ifndef OSFTRT_SRC_CORE_DTYPE_H
 #define OSFTRT_SRC_CORE_DTYPE_H
 
+#include "core/core_api.h"
 #include <stddef.h>
 
 #include <dlpack/dlpack.h>
@@ -29,10 +30,10 @@ typedef enum osfti_dtype_e {
 osfti_dtype_t osfti_dtype_from_dl(DLDataType dtype);
 
 /* Bytes per element; 0 for OSFTI_DTYPE_INVALID. */
-size_t osfti_dtype_size(osfti_dtype_t dtype);
+OSFT_CORE_API size_t osfti_dtype_size(osfti_dtype_t dtype);
 
 /* "float32", "bfloat16", "int64", ...; "invalid" otherwise. */
-const char *osfti_dtype_name(osfti_dtype_t dtype);
+OSFT_CORE_API const char *osfti_dtype_name(osfti_dtype_t dtype);
 
 /* Writes the names in `mask` as "float32 or bfloat16" into buf. */
 void osfti_dtype_mask_names(unsigned mask, char *buf, size_t size);

@@ -2,6 +2,7 @@
 #ifndef OSFTRT_SRC_CORE_ERROR_H
 #define OSFTRT_SRC_CORE_ERROR_H
 
+#include "core/core_api.h"
 #include "osftrt/status.h"
 
 #ifdef __cplusplus
@@ -28,7 +29,7 @@ namespace osft {
 
 /* Thrown inside the core; caught and turned into a status at the C
  * boundary by api_call(). */
-class Error : public std::exception {
+class OSFT_CORE_API Error : public std::exception {
  public:
   Error(osft_status_t status, std::string message)
       : status_(status), message_(std::move(message)) {}
@@ -48,7 +49,7 @@ const char *last_error() noexcept;
 void clear_last_error() noexcept;
 
 /* Throws Error(status, formatted message). */
-[[noreturn]] void raise(osft_status_t status, const char *fmt, ...)
+[[noreturn]] OSFT_CORE_API void raise(osft_status_t status, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif

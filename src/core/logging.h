@@ -2,6 +2,7 @@
 #ifndef OSFTRT_SRC_CORE_LOGGING_H
 #define OSFTRT_SRC_CORE_LOGGING_H
 
+#include "core/core_api.h"
 #include "osftrt/log.h"
 
 namespace osft {
@@ -12,7 +13,7 @@ bool log_enabled(osft_log_level_t level) noexcept;
 
 /* Formats and delivers one line to the sink if `level` is enabled. Never
  * throws; a message that cannot be formatted is dropped. */
-void log_message(osft_log_level_t level, const char *fmt, ...) noexcept
+OSFT_CORE_API void log_message(osft_log_level_t level, const char *fmt, ...) noexcept
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif

@@ -10,6 +10,7 @@
 #include "backend/flce_backend.h"
 #include "cuda/device_guard.h"
 #include "cuda/flce_kernels.cuh"
+#include "cuda/module_cuda.h"
 
 namespace osft {
 namespace {
@@ -39,7 +40,7 @@ void cuda_finalize(Context &ctx, const FlceFinalize &a) {
 
 }  // namespace
 
-const FlceKernels &cuda_flce_kernels() {
+const FlceKernels &cuda_flce_table() {
   /* flops per byte: an H100's ~800 TFLOP/s of large bf16 GEMMs over its
    * ~3.3 TB/s of HBM3 (an H200's 4.8 TB/s: ~170) */
   static const FlceKernels table = {true, 240.0, cuda_prepare, cuda_rows, cuda_finalize};

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "cuda/device_guard.h"
 #include "cuda/linalg_kernels.cuh"
+#include "cuda/module_cuda.h"
 
 namespace osft {
 namespace {
@@ -335,7 +336,7 @@ void cuda_svd(Context &ctx, const Mat &a, const Mat &u, const Vec &s, const Mat 
 
 }  // namespace
 
-const Backend &cuda_backend() {
+const Backend &cuda_linalg_table() {
   static const Backend table = {cuda_gemm,
                                 cuda_scale_into,
                                 cuda_reduce,

@@ -1,14 +1,14 @@
 /* copy() of src/core/cuda_runtime.h: host <-> device staging for the
- * communicators and the projector, on the context's stream. Compiled only
- * when CUDA is enabled (src/cuda/runtime_cuda_none.cpp refuses it
- * otherwise). */
+ * communicators and the projector, on the context's stream, as the CUDA
+ * module implements it (src/cuda/module_cuda.h). */
 #include <cuda_runtime.h>
 
 #include "core/cuda_runtime.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_guard.h"
+#include "cuda/module_cuda.h"
 
-namespace osft::cuda {
+namespace osft::cuda::impl {
 namespace {
 
 cudaMemcpyKind memcpy_kind(CopyKind kind) {
@@ -33,4 +33,4 @@ void copy(int device_id, void *stream, void *dst, const void *src, size_t bytes,
     check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 }
 
-}  // namespace osft::cuda
+}  // namespace osft::cuda::impl

@@ -4,6 +4,7 @@
 #include "backend/mlp_backend.h"
 #include "cuda/device_guard.h"
 #include "cuda/mlp_kernels.cuh"
+#include "cuda/module_cuda.h"
 
 namespace osft {
 namespace {
@@ -24,7 +25,7 @@ void cuda_activate_backward(Context &ctx, Activation act, const Mat *g, const Ma
 
 }  // namespace
 
-const MlpKernels &cuda_mlp_kernels() {
+const MlpKernels &cuda_mlp_table() {
   static const MlpKernels table = {cuda_activate, cuda_activate_backward};
   return table;
 }

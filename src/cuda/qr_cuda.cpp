@@ -37,6 +37,7 @@
 #include "backend/qr_backend.h"
 #include "cuda/device_guard.h"
 #include "cuda/qr_kernels.cuh"
+#include "cuda/module_cuda.h"
 
 namespace osft {
 namespace {
@@ -846,7 +847,7 @@ size_t cuda_shared_bytes(Context &, const QrCall &call) {
 
 }  // namespace
 
-const QrKernels &cuda_qr_kernels() {
+const QrKernels &cuda_qr_table() {
   static const QrKernels table = {false,           cuda_default_concurrency, cuda_batched,
                                   cuda_lane_bytes, cuda_shared_bytes,        cuda_run};
   return table;

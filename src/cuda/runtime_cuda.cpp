@@ -1,5 +1,6 @@
-/* The CUDA runtime, cuBLAS and cuSOLVER behind src/core/cuda_runtime.h.
- * Compiled only when CUDA is enabled. */
+/* The CUDA runtime, cuBLAS and cuSOLVER behind src/core/cuda_runtime.h, as
+ * the CUDA module implements them (the core forwards to these through the
+ * module's table: src/cuda/module_cuda.h). */
 #include "core/cuda_runtime.h"
 
 #include <cstdint>
@@ -13,9 +14,10 @@
 #include "core/error.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_guard.h"
+#include "cuda/module_cuda.h"
 #include "osftrt_build_config.h"
 
-namespace osft::cuda {
+namespace osft::cuda::impl {
 namespace {
 
 const char *blas_status_name(cublasStatus_t s) {
@@ -35,10 +37,6 @@ const char *solver_status_name(cusolverStatus_t s) {
 }
 
 }  // namespace
-
-bool compiled() noexcept {
-  return true;
-}
 
 int device_count() noexcept {
   int n = 0;
@@ -204,8 +202,4 @@ void destroy_solver(int device_id, void *solver) noexcept {
   }
 }
 
-int toolkit_version() noexcept {
-  return CUDART_VERSION;
-}
-
-}  // namespace osft::cuda
+}  // namespace osft::cuda::impl

@@ -30,6 +30,7 @@ osftrt_abidw() {
   local abidw=${ABIDW:-abidw}
   local tmp="$out.tmp"
   "$abidw" --headers-dir "$src/include" "${osftrt_abidw_opts[@]}" \
+    --suppressions "$src/tests/abi/osftrt.abignore" \
     --out-file "$tmp" "$lib"
   local esc
   esc=$(printf '%s' "${src%/}" | sed 's/[][\.*^$|]/\\&/g')

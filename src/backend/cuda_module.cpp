@@ -1,0 +1,145 @@
+/* The core's side of the CUDA module (src/backend/cuda_module.h): the CUDA
+ * runtime of src/core/cuda_runtime.h and the CUDA kernel tables, each
+ * forwarded to the module, which the first request loads. Requests that
+ * need no GPU (a NULL handle to destroy, the toolkit's version) never load
+ * it, so a CPU-only program maps no CUDA library. */
+#include "backend/cuda_module.h"
+
+#include <mutex>
+#include <string>
+
+#include "backend/flce_backend.h"
+#include "backend/linalg_backend.h"
+#include "backend/mlp_backend.h"
+#include "backend/qr_backend.h"
+#include "core/error.h"
+#include "core/logging.h"
+#include "osftrt/version.h"
+#include "osftrt_build_config.h"
+
+namespace osft {
+namespace {
+
+std::mutex module_lock;
+const CudaModule *module_table = nullptr; /* set once, under module_lock */
+
+}  // namespace
+
+const CudaModule &cuda_module(const char *what) {
+  if (!OSFTRT_HAVE_CUDA)
+    raise(OSFT_STATUS_NOT_SUPPORTED,
+          "%s: CUDA support was not compiled into this libosftrt (configure with "
+          "-DOSFTRT_CUDA=ON where the CUDA toolkit is installed)",
+          what);
+  std::lock_guard<std::mutex> hold(module_lock);
+  if (module_table != nullptr) return *module_table;
+  std::string why;
+  const CudaModule *m = find_cuda_module(&why);
+  if (m == nullptr)
+    raise(OSFT_STATUS_NO_DEVICE, "%s: the CUDA backend is not available: %s", what,
+          why.c_str());
+  log_message(OSFT_LOG_INFO, "loaded the CUDA module (CUDA %d.%d)",
+              m->toolkit_version / 1000, m->toolkit_version % 1000 / 10);
+  module_table = m;
+  return *m;
+}
+
+const CudaModule *cuda_module_loaded() noexcept {
+  std::lock_guard<std::mutex> hold(module_lock);
+  return module_table;
+}
+
+/* ---- src/core/cuda_runtime.h */
+namespace cuda {
+
+bool compiled() noexcept {
+  return OSFTRT_HAVE_CUDA;
+}
+
+int device_count() noexcept {
+  if (!OSFTRT_HAVE_CUDA) return 0;
+  try {
+    return cuda_module("CUDA devices").device_count();
+  } catch (...) {
+    return 0; /* no module, no runtime: no devices */
+  }
+}
+
+void check_device(int device_id, const char *arg) {
+  cuda_module(arg).check_device(device_id, arg);
+}
+
+void *device_malloc(size_t bytes, int device_id, void *stream) {
+  return cuda_module("device memory").device_malloc(bytes, device_id, stream);
+}
+
+/* Only blocks that device_malloc gave come here, so the module is loaded. */
+void device_free(void *ptr, int device_id, void *stream) noexcept {
+  if (const CudaModule *m = cuda_module_loaded()) m->device_free(ptr, device_id, stream);
+}
+
+void stream_wait(int device_id, void *waiting, void *waited_on) {
+  if (waiting == waited_on) return;
+  cuda_module("stream_wait").stream_wait(device_id, waiting, waited_on);
+}
+
+void synchronize(int device_id, void *stream) {
+  cuda_module("synchronize").synchronize(device_id, stream);
+}
+
+void copy(int device_id, void *stream, void *dst, const void *src, size_t bytes,
+          CopyKind kind) {
+  cuda_module("copy").copy(device_id, stream, dst, src, bytes, kind);
+}
+
+void *create_blas(int device_id, void *stream) {
+  return cuda_module("cuBLAS").create_blas(device_id, stream);
+}
+
+void *create_solver(int device_id, void *stream) {
+  return cuda_module("cuSOLVER").create_solver(device_id, stream);
+}
+
+void set_blas_stream(void *blas, void *stream) {
+  cuda_module("cuBLAS").set_blas_stream(blas, stream);
+}
+
+void set_solver_stream(void *solver, void *stream) {
+  cuda_module("cuSOLVER").set_solver_stream(solver, stream);
+}
+
+/* A handle exists only where the module made it; NULL is a no-op. */
+void destroy_blas(int device_id, void *blas) noexcept {
+  const CudaModule *m = cuda_module_loaded();
+  if (blas != nullptr && m != nullptr) m->destroy_blas(device_id, blas);
+}
+
+void destroy_solver(int device_id, void *solver) noexcept {
+  const CudaModule *m = cuda_module_loaded();
+  if (solver != nullptr && m != nullptr) m->destroy_solver(device_id, solver);
+}
+
+int toolkit_version() noexcept {
+  return OSFTRT_CUDA_TOOLKIT_VERSION; /* known at configure time: loads nothing */
+}
+
+}  // namespace cuda
+
+/* ---- the kernel tables of src/backend/ */
+const Backend &cuda_backend() {
+  return *cuda_module("the CUDA backend").linalg;
+}
+
+const MlpKernels &cuda_mlp_kernels() {
+  return *cuda_module("the CUDA MLP kernels").mlp;
+}
+
+const QrKernels &cuda_qr_kernels() {
+  return *cuda_module("batched QR on CUDA").qr;
+}
+
+const FlceKernels &cuda_flce_kernels() {
+  return *cuda_module("fused linear cross-entropy on CUDA").flce;
+}
+
+}  // namespace osft

@@ -1,0 +1,61 @@
+/* The CUDA module's table (src/backend/cuda_module.h) and its one exported
+ * symbol, osftrt_cuda_module_entry, through which the core takes it. */
+#include "cuda/module_cuda.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+#include "osftrt/version.h"
+#include "osftrt_build_config.h"
+
+namespace osft {
+
+const CudaModule &cuda_module_table() {
+  static const CudaModule table = [] {
+    CudaModule t{};
+    t.version = OSFT_VERSION_NUMBER;
+    t.table_bytes = sizeof(CudaModule);
+    t.toolkit_version = CUDART_VERSION;
+    t.device_count = cuda::impl::device_count;
+    t.check_device = cuda::impl::check_device;
+    t.device_malloc = cuda::impl::device_malloc;
+    t.device_free = cuda::impl::device_free;
+    t.stream_wait = cuda::impl::stream_wait;
+    t.synchronize = cuda::impl::synchronize;
+    t.copy = cuda::impl::copy;
+    t.create_blas = cuda::impl::create_blas;
+    t.create_solver = cuda::impl::create_solver;
+    t.set_blas_stream = cuda::impl::set_blas_stream;
+    t.set_solver_stream = cuda::impl::set_solver_stream;
+    t.destroy_blas = cuda::impl::destroy_blas;
+    t.destroy_solver = cuda::impl::destroy_solver;
+    t.linalg = &cuda_linalg_table();
+    t.mlp = &cuda_mlp_table();
+    t.qr = &cuda_qr_table();
+    t.flce = &cuda_flce_table();
+#if OSFTRT_HAVE_NCCL
+    t.nccl_unique_id = cuda_nccl_unique_id;
+    t.make_nccl_engine = cuda_make_nccl_engine;
+    t.make_nccl_engine_from_id = cuda_make_nccl_engine_from_id;
+#endif
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace osft
+
+extern "C" __attribute__((visibility("default"))) const osft::CudaModule *
+osftrt_cuda_module_entry(uint32_t core_version, char *why, size_t why_bytes) {
+  if (core_version != OSFT_VERSION_NUMBER) {
+    if (why != nullptr && why_bytes > 0)
+      std::snprintf(why, why_bytes,
+                    "the module is libosftrt %u.%u.%u's, the core asking is %u.%u.%u: "
+                    "install both from one build",
+                    OSFT_VERSION_MAJOR, OSFT_VERSION_MINOR, OSFT_VERSION_PATCH,
+                    core_version / 10000, core_version / 100 % 100, core_version % 100);
+    return nullptr;
+  }
+  return &osft::cuda_module_table();
+}
