@@ -35,7 +35,8 @@ std::string core_folder() {
 }
 
 bool is_folder_name(const std::string &path) {
-  return !path.empty() && (path.back() == '/' || access((path + "/.").c_str(), F_OK) == 0);
+  return !path.empty() &&
+         (path.back() == '/' || access((path + "/.").c_str(), F_OK) == 0);
 }
 
 /* Opens `file` (a path, or a bare soname for the loader's search) and takes
@@ -44,7 +45,8 @@ const CudaModule *open_module(const std::string &file, std::string *why) {
   void *handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char *e = dlerror();
-    *why = std::string("cannot load ") + file + ": " + (e != nullptr ? e : "dlopen failed");
+    *why =
+        std::string("cannot load ") + file + ": " + (e != nullptr ? e : "dlopen failed");
     if (why->find("OSFTRT_CORE_PRIVATE") != std::string::npos)
       *why += " (the module comes from another build than this libosftrt " +
               std::string(osft_version_string()) + ")";
@@ -61,8 +63,9 @@ const CudaModule *open_module(const std::string &file, std::string *why) {
     *why = file + ": " + reason;
   } else if (m->version != OSFT_VERSION_NUMBER || m->table_bytes != sizeof(CudaModule)) {
     char buf[160];
-    std::snprintf(buf, sizeof buf, ": module version %u (table %u bytes), core %u (%zu bytes)",
-                  m->version, m->table_bytes, OSFT_VERSION_NUMBER, sizeof(CudaModule));
+    std::snprintf(buf, sizeof buf,
+                  ": module version %u (table %u bytes), core %u (%zu bytes)", m->version,
+                  m->table_bytes, OSFT_VERSION_NUMBER, sizeof(CudaModule));
     *why = file + buf;
     m = nullptr;
   }
@@ -76,7 +79,10 @@ const CudaModule *find_cuda_module(std::string *why) {
   const char *env = std::getenv("OSFTRT_CUDA_MODULE");
   if (env != nullptr && env[0] != '\0') {
     std::string file = env;
-    if (is_folder_name(file)) file += std::string("/") + kModuleName;
+    if (is_folder_name(file)) {
+      while (file.size() > 1 && file.back() == '/') file.pop_back();
+      file += std::string("/") + kModuleName;
+    }
     const CudaModule *m = open_module(file, why);
     if (m == nullptr) *why += " (from OSFTRT_CUDA_MODULE)";
     return m;
@@ -87,8 +93,8 @@ const CudaModule *find_cuda_module(std::string *why) {
     if (access(beside.c_str(), F_OK) == 0) return open_module(beside, why);
   }
   const CudaModule *m = open_module(kModuleName, why);
-  if (m == nullptr && why->find(std::string(kModuleName) + ": " + kModuleName + ": cannot open") !=
-                          std::string::npos)
+  if (m == nullptr && why->find(std::string(kModuleName) + ": " + kModuleName +
+                                ": cannot open") != std::string::npos)
     *why = std::string(kModuleName) + " was found neither beside libosftrt (" +
            (folder.empty() ? "?" : folder) +
            ") nor on the loader's search path; install it there or set "

@@ -226,12 +226,6 @@ class NcclEngine final : public Engine {
   void *one_ = nullptr;
 };
 
-void require_cuda_context(const Context &ctx) {
-  if (!on_cuda(ctx))
-    raise(OSFT_STATUS_NOT_SUPPORTED,
-          "ctx: the NCCL engine needs a CUDA context (use MPI for CPU contexts)");
-}
-
 Engine *finish_engine(Context &ctx, ncclComm_t comm, bool owned, double timeout,
                       EngineInfo *info) {
   check_nccl(ncclCommUserRank(comm, &info->rank), "ncclCommUserRank");
@@ -259,7 +253,7 @@ void cuda_nccl_unique_id(osft_nccl_unique_id_t *id) {
 }
 
 Engine *cuda_make_nccl_engine(Context &ctx, void *nccl_comm, EngineInfo *info) {
-  require_cuda_context(ctx);
+  /* a CUDA context: checked by the core (comm_nccl_module.cpp) */
   if (nccl_comm == nullptr) raise(OSFT_STATUS_INVALID_ARGUMENT, "nccl_comm: NULL");
   const auto comm = static_cast<ncclComm_t>(nccl_comm);
   int device = -1;
@@ -274,9 +268,9 @@ Engine *cuda_make_nccl_engine(Context &ctx, void *nccl_comm, EngineInfo *info) {
 }
 
 Engine *cuda_make_nccl_engine_from_id(Context &ctx, const osft_nccl_unique_id_t &id,
-                                 int nranks, int rank, const Deadline &deadline,
-                                 EngineInfo *info) {
-  require_cuda_context(ctx);
+                                      int nranks, int rank, const Deadline &deadline,
+                                      EngineInfo *info) {
+  /* a CUDA context: checked by the core (comm_nccl_module.cpp) */
   if (nranks < 1) raise(OSFT_STATUS_INVALID_ARGUMENT, "nranks: %d; must be >= 1", nranks);
   if (rank < 0 || rank >= nranks)
     raise(OSFT_STATUS_INVALID_ARGUMENT, "rank: %d is outside [0, %d)", rank, nranks);

@@ -12,14 +12,22 @@ namespace {
 
 const CudaModule &nccl_module(const char *what) {
   if (!OSFTRT_HAVE_NCCL)
-    raise(OSFT_STATUS_NOT_SUPPORTED,
-          "%s: NCCL support was not compiled into this libosftrt (configure with CUDA and "
-          "-DOSFTRT_NCCL=ON where NCCL is installed)",
-          what);
+    raise(
+        OSFT_STATUS_NOT_SUPPORTED,
+        "%s: NCCL support was not compiled into this libosftrt (configure with CUDA and "
+        "-DOSFTRT_NCCL=ON where NCCL is installed)",
+        what);
   const CudaModule &m = cuda_module(what);
   if (m.make_nccl_engine == nullptr)
     raise(OSFT_STATUS_NOT_SUPPORTED, "%s: the CUDA module was built without NCCL", what);
   return m;
+}
+
+/* Checked before the module loads: a CPU context never needs it. */
+void require_cuda_context(const Context &ctx) {
+  if (!on_cuda(ctx))
+    raise(OSFT_STATUS_NOT_SUPPORTED,
+          "ctx: the NCCL engine needs a CUDA context (use MPI for CPU contexts)");
 }
 
 }  // namespace
@@ -29,12 +37,14 @@ void nccl_unique_id(osft_nccl_unique_id_t *id) {
 }
 
 Engine *make_nccl_engine(Context &ctx, void *nccl_comm, EngineInfo *info) {
+  require_cuda_context(ctx);
   return nccl_module("NCCL communicator").make_nccl_engine(ctx, nccl_comm, info);
 }
 
 Engine *make_nccl_engine_from_id(Context &ctx, const osft_nccl_unique_id_t &id,
                                  int nranks, int rank, const Deadline &deadline,
                                  EngineInfo *info) {
+  require_cuda_context(ctx);
   return nccl_module("NCCL communicator")
       .make_nccl_engine_from_id(ctx, id, nranks, rank, deadline, info);
 }

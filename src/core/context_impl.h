@@ -101,7 +101,8 @@ OSFT_CORE_API void *kernel_scratch(Context &ctx, size_t bytes, const char *what)
  * (OSFT_STATUS_OUT_OF_MEMORY; any other failure throws): for a kernel with a
  * slower way that needs none, so that a refused allocation in the middle of
  * an operation, after it wrote some outputs, cannot fail it halfway. */
-OSFT_CORE_API void *kernel_scratch_if_available(Context &ctx, size_t bytes, const char *what);
+OSFT_CORE_API void *kernel_scratch_if_available(Context &ctx, size_t bytes,
+                                                const char *what);
 
 /* The buffers of an operation that calls other operations (the tiled MLP
  * over flinear layers, whose calls take the workspace): a third block, kept

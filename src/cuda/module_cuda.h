@@ -10,10 +10,10 @@
 
 namespace osft {
 
-const Backend &cuda_linalg_table();    /* linalg_cuda.cpp */
-const MlpKernels &cuda_mlp_table();    /* mlp_cuda.cpp */
-const QrKernels &cuda_qr_table();      /* qr_cuda.cpp */
-const FlceKernels &cuda_flce_table();  /* flce_cuda.cpp */
+const Backend &cuda_linalg_table();   /* linalg_cuda.cpp */
+const MlpKernels &cuda_mlp_table();   /* mlp_cuda.cpp */
+const QrKernels &cuda_qr_table();     /* qr_cuda.cpp */
+const FlceKernels &cuda_flce_table(); /* flce_cuda.cpp */
 
 /* src/comm/comm_nccl.cpp; absent from a module built without NCCL. */
 void cuda_nccl_unique_id(osft_nccl_unique_id_t *id);
