@@ -19,7 +19,9 @@
 #      LD_LIBRARY_PATH=<libdir>, and must load the installed library;
 #   5. cmake_consumer/ (find_package(osftrt 1.0 REQUIRED) +
 #      osftrt::osftrt) is configured with CMAKE_PREFIX_PATH=<prefix>,
-#      built and run.
+#      built and run;
+#   6. a CUDA build installs libosftrt_cuda.so.1 beside the core (no dev
+#      link), and the installed core loads it from there by itself.
 #
 # Usage: run.sh --build-dir DIR --source-dir DIR --work-dir DIR --cc CC
 #               [--cxx CXX] [--cmake CMAKE] [--generator GEN]
@@ -187,4 +189,38 @@ loaded=$(ldd "$work_dir/cmake_consumer/cmake_consumer" | awk '/libosftrt\.so/ {p
   die "cmake_consumer loads '$loaded', not the installed $real_lib"
 "$work_dir/cmake_consumer/cmake_consumer" || die "cmake_consumer failed"
 
-echo "OK: packaging (install, headers, pkg-config, find_package)"
+# ---------------------------------------------------------------- 6. CUDA module
+# A CUDA build installs its module beside the core (no dev link: it is
+# loaded, never linked), and the installed core finds it there by itself:
+# a CUDA context then fails only for want of a GPU (or succeeds on one),
+# never for want of the module.
+module_checked=
+if [[ -e "$build_dir/libosftrt_cuda.so.1" ]]; then
+  step "CUDA module beside the installed core"
+  module_checked=", CUDA module"
+  [[ -e "$libdir/libosftrt_cuda.so.1" ]] || die "missing ${libdir#"$prefix"/}/libosftrt_cuda.so.1"
+  [[ ! -e "$libdir/libosftrt_cuda.so" ]] || die "the module has a dev link (it is never linked)"
+  [[ "$(readlink -f "$libdir/libosftrt_cuda.so.1")" == "$libdir"/libosftrt_cuda.so.1.* ]] ||
+    die "libosftrt_cuda.so.1 points outside $libdir"
+  cat >"$work_dir/module_probe.c" <<'PROBE'
+#include <stdio.h>
+#include <string.h>
+#include <osftrt/osftrt.h>
+int main(void) {
+  osft_context_options_t o;
+  osft_context_t ctx = NULL;
+  if (OSFT_CONTEXT_OPTIONS_INIT(&o) != OSFT_STATUS_SUCCESS) return 1;
+  o.device_type = OSFT_DEVICE_CUDA;
+  osft_status_t st = osft_context_create(&ctx, &o);
+  if (st == OSFT_STATUS_SUCCESS) return osft_context_destroy(ctx) == OSFT_STATUS_SUCCESS ? 0 : 1;
+  printf("%s\n", osft_last_error());
+  return st == OSFT_STATUS_NO_DEVICE && strstr(osft_last_error(), "libosftrt_cuda") == NULL ? 0 : 1;
+}
+PROBE
+  "$cc" -std=c11 "${san_flags[@]}" "$work_dir/module_probe.c" "${pc_flags[@]}" \
+    -o "$work_dir/module_probe" || die "compiling module_probe.c failed"
+  LD_LIBRARY_PATH="$libdir" OSFTRT_CUDA_MODULE= "$work_dir/module_probe" ||
+    die "the installed core does not load its installed module (above)"
+fi
+
+echo "OK: packaging (install, headers, pkg-config, find_package$module_checked)"
