@@ -2,14 +2,14 @@
  * (libosftrt_cuda.so.1: the CUDA kernels, cuBLAS, cuSOLVER and NCCL).
  *
  * The core never links a CUDA library. The first CUDA context, CUDA device
- * query or NCCL communicator loads the module (src/backend/cuda_module_load.cpp:
+ * query or NCCL communicator loads the module (src/backend/module_load.h:
  * dlopen, beside the core or from $OSFTRT_CUDA_MODULE) and takes this table
  * from it; a CPU-only program maps none of it. The static archive links the
  * module's objects in and takes the table directly (src/cuda/module_linked.cpp).
  *
  * Core and module are built from one source tree and must be of the same
- * version exactly: the table carries OSFT_VERSION_NUMBER and its own size,
- * and the module checks the core's number when the core asks for the table.
+ * version exactly: the table's header carries OSFT_VERSION_NUMBER and its
+ * size, and the module checks the core's number when the core asks for it.
  * The module calls back into the core's internal functions (errors, logging,
  * scratch memory) through symbols the core exports under a version node
  * named after its exact version (OSFTRT_CORE_PRIVATE_x.y.z, cmake/), so the
@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backend/module_load.h"
 #include "core/context_impl.h"
 #include "core/cuda_runtime.h"
 #include "osftrt/comm.h"
@@ -39,9 +40,8 @@ struct EngineInfo;
  * module built without NCCL); the runtime entries behave as documented in
  * src/core/cuda_runtime.h. */
 struct CudaModule {
-  uint32_t version;     /* OSFT_VERSION_NUMBER of the module's build */
-  uint32_t table_bytes; /* sizeof(CudaModule) of the module's build */
-  int toolkit_version;  /* CUDART_VERSION it was built with */
+  ModuleHeader header; /* OSFT_VERSION_NUMBER, sizeof(CudaModule) */
+  int toolkit_version; /* CUDART_VERSION it was built with */
 
   int (*device_count)() noexcept;
   void (*check_device)(int device_id, const char *arg);
@@ -81,7 +81,7 @@ const CudaModule &cuda_module(const char *what);
 const CudaModule *cuda_module_loaded() noexcept;
 
 /* How the module is found (one implementation per way, chosen at link
- * time): the shared library dlopens it (cuda_module_load.cpp), the static
+ * time): the shared library dlopens it (module_load.cpp), the static
  * archive has it linked in (src/cuda/module_linked.cpp). Returns the table,
  * or nullptr with the reason in *why. Called under a lock, at most until it
  * succeeds. */

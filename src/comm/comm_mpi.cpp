@@ -1,6 +1,7 @@
-/* The MPI engine: a duplicate of the caller's communicator with
- * MPI_ERRORS_RETURN, nonblocking collectives polled against a deadline, so
- * that a dead or stuck peer becomes a status instead of a hang or an abort.
+/* The MPI engine, the MPI module libosftrt_mpi.so.1 (comm_mpi_module.h): a duplicate of
+ * the caller's communicator with MPI_ERRORS_RETURN, nonblocking collectives polled
+ * against a deadline, so that a dead or stuck peer becomes a status instead of a hang or
+ * an abort.
  *
  * Every timed collective runs on a host staging buffer owned by the engine,
  * never on the caller's memory: after a timeout the pending operation may
@@ -17,14 +18,17 @@
 #include <mpi.h>
 
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "comm/comm_mpi_module.h"
 #include "comm/communicator.h"
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "osftrt/version.h"
 
 namespace osft {
 namespace {
@@ -260,14 +264,10 @@ MPI_Comm duplicate(MPI_Comm c, const Deadline &deadline) {
   return dup;
 }
 
-}  // namespace
-
-Engine *make_mpi_engine(Context &ctx, int64_t mpi_comm_f, const Deadline &deadline,
-                        EngineInfo *info) {
-  if (on_cuda(ctx))
-    raise(OSFT_STATUS_NOT_SUPPORTED,
-          "ctx: the MPI engine works on host buffers and needs a CPU context (use NCCL "
-          "for CUDA contexts)");
+/* make_mpi_engine() of comm/communicator.h (a CPU context: checked by the
+ * core, comm_mpi_module.cpp). */
+Engine *make_engine(Context &ctx, int64_t mpi_comm_f, const Deadline &deadline,
+                    EngineInfo *info) {
   MPI_Comm dup = duplicate(caller_comm(mpi_comm_f), deadline);
   try {
     check_mpi(MPI_Comm_rank(dup, &info->rank), "MPI_Comm_rank");
@@ -279,4 +279,26 @@ Engine *make_mpi_engine(Context &ctx, int64_t mpi_comm_f, const Deadline &deadli
   }
 }
 
+}  // namespace
+
+const MpiModule &mpi_module_table() {
+  static const MpiModule table = {{OSFT_VERSION_NUMBER, sizeof(MpiModule)}, make_engine};
+  return table;
+}
+
 }  // namespace osft
+
+/* The module's one export (comm_mpi_module.h). */
+extern "C" __attribute__((visibility("default"))) const osft::ModuleHeader *
+osftrt_mpi_module_entry(uint32_t core_version, char *why, size_t why_bytes) {
+  if (core_version != OSFT_VERSION_NUMBER) {
+    if (why != nullptr && why_bytes > 0)
+      std::snprintf(why, why_bytes,
+                    "the module is libosftrt %u.%u.%u's, the core asking is %u.%u.%u: "
+                    "install both from one build",
+                    OSFT_VERSION_MAJOR, OSFT_VERSION_MINOR, OSFT_VERSION_PATCH,
+                    core_version / 10000, core_version / 100 % 100, core_version % 100);
+    return nullptr;
+  }
+  return &osft::mpi_module_table().header;
+}

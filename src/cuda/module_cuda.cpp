@@ -14,8 +14,8 @@ namespace osft {
 const CudaModule &cuda_module_table() {
   static const CudaModule table = [] {
     CudaModule t{};
-    t.version = OSFT_VERSION_NUMBER;
-    t.table_bytes = sizeof(CudaModule);
+    t.header.version = OSFT_VERSION_NUMBER;
+    t.header.table_bytes = sizeof(CudaModule);
     t.toolkit_version = CUDART_VERSION;
     t.device_count = cuda::impl::device_count;
     t.check_device = cuda::impl::check_device;
@@ -46,7 +46,7 @@ const CudaModule &cuda_module_table() {
 
 }  // namespace osft
 
-extern "C" __attribute__((visibility("default"))) const osft::CudaModule *
+extern "C" __attribute__((visibility("default"))) const osft::ModuleHeader *
 osftrt_cuda_module_entry(uint32_t core_version, char *why, size_t why_bytes) {
   if (core_version != OSFT_VERSION_NUMBER) {
     if (why != nullptr && why_bytes > 0)
@@ -57,5 +57,5 @@ osftrt_cuda_module_entry(uint32_t core_version, char *why, size_t why_bytes) {
                     core_version / 10000, core_version / 100 % 100, core_version % 100);
     return nullptr;
   }
-  return &osft::cuda_module_table();
+  return &osft::cuda_module_table().header;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Exported-symbol gate for libosftrt (ctest: exported_symbols).
 #
-# Usage: check_symbols.sh <path to libosftrt.so.X.Y.Z> [<libosftrt_cuda.so.X.Y.Z>]
+# Usage: check_symbols.sh <path to libosftrt.so.X.Y.Z> [<module .so> ...]
 #   Environment: NM, READELF (default: nm, readelf).
 #
 # Fails unless
@@ -16,16 +16,19 @@
 #   - the SONAME (readelf -d) is libosftrt.so.1;
 #   - the core needs no CUDA library (no DT_NEEDED libcuda*, libcublas*,
 #     libcusolver*, libnccl*, libnvJitLink*);
-#   - the CUDA module, when given, exports only osftrt_cuda_module_entry,
-#     has SONAME libosftrt_cuda.so.1, and needs libosftrt.so.1.
+#   - the core needs no MPI library either (libmpi*);
+#   - each module given (libosftrt_cuda.so.X.Y.Z, libosftrt_mpi.so.X.Y.Z)
+#     exports only its entry osftrt_<name>_module_entry, has SONAME
+#     libosftrt_<name>.so.1, and needs libosftrt.so.1.
 set -euo pipefail
 
-if [[ $# -lt 1 || $# -gt 2 ]]; then
-  echo "usage: $0 <libosftrt.so> [<libosftrt_cuda.so>]" >&2
+if [[ $# -lt 1 ]]; then
+  echo "usage: $0 <libosftrt.so> [<module .so> ...]" >&2
   exit 2
 fi
 lib=$1
-module=${2:-}
+shift
+modules=("$@")
 NM=${NM:-nm}
 READELF=${READELF:-readelf}
 expected_soname=libosftrt.so.1
@@ -87,34 +90,38 @@ if [[ "$soname" != "$expected_soname" ]]; then
 fi
 cuda_needed=$("$READELF" -d "$lib" |
   sed -n 's/.*(NEEDED).*\[\(.*\)\].*/\1/p' |
-  grep -E '^lib(cuda|cublas|cusolver|nccl|nvJitLink|osftrt_cuda)' || true)
+  grep -E '^lib(cuda|cublas|cusolver|nccl|nvJitLink|mpi|open-pal|osftrt_)' || true)
 if [[ -n "$cuda_needed" ]]; then
-  echo "FAIL: the core needs CUDA libraries: $cuda_needed (they belong to the module)" >&2
+  echo "FAIL: the core needs $cuda_needed (they belong to its modules)" >&2
   fail=1
 fi
 
-if [[ -n "$module" ]]; then
+for module in "${modules[@]}"; do
+  mname=$(basename "$module")
+  mname=${mname#libosftrt_}
+  mname=${mname%%.so*}
   msyms=$("$NM" -D --defined-only "$module" | awk '$2 != "A" {print $3}')
-  if [[ "$msyms" != "osftrt_cuda_module_entry@@OSFTRT_CUDA_MODULE" ]]; then
-    echo "FAIL: the module exports more or other than osftrt_cuda_module_entry:" >&2
+  want="osftrt_${mname}_module_entry@@OSFTRT_${mname^^}_MODULE"
+  if [[ "$msyms" != "$want" ]]; then
+    echo "FAIL: $module exports more or other than $want:" >&2
     echo "$msyms" >&2
     fail=1
   fi
   msoname=$("$READELF" -d "$module" | sed -n 's/.*(SONAME).*\[\(.*\)\].*/\1/p')
-  if [[ "$msoname" != "libosftrt_cuda.so.1" ]]; then
-    echo "FAIL: module SONAME is '${msoname}', expected 'libosftrt_cuda.so.1'" >&2
+  if [[ "$msoname" != "libosftrt_${mname}.so.1" ]]; then
+    echo "FAIL: $module has SONAME '${msoname}', expected 'libosftrt_${mname}.so.1'" >&2
     fail=1
   fi
   if ! "$READELF" -d "$module" | grep -q 'NEEDED.*\[libosftrt\.so\.1\]'; then
-    echo "FAIL: the module does not link libosftrt.so.1" >&2
+    echo "FAIL: $module does not link libosftrt.so.1" >&2
     fail=1
   fi
-fi
+done
 
 if [[ $fail -ne 0 ]]; then
   echo "--- nm -D --defined-only $lib" >&2
   echo "$syms" >&2
   exit 1
 fi
-echo "OK: $count osft_* symbols, all @@OSFTRT_1.x; $private private for the CUDA module;" \
-  "SONAME $soname; no CUDA library needed${module:+; module exports its entry only}"
+echo "OK: $count osft_* symbols, all @@OSFTRT_1.x; $private private for the modules;" \
+  "SONAME $soname; no CUDA or MPI library needed; ${#modules[@]} module(s), each exporting its entry only"

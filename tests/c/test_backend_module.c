@@ -1,6 +1,7 @@
-/* The CUDA backend is a module loaded on first use (issue 42, ABI.md "The
- * CUDA module"): a CPU program linked against a CUDA-enabled libosftrt
- * maps no CUDA library, at start or after CPU work; a CUDA context where the
+/* The CUDA backend is a module loaded on first use (issue 42, ABI.md
+ * "Optional modules"), and so is the MPI engine: a CPU program linked
+ * against a CUDA- and MPI-enabled libosftrt maps no CUDA or MPI library, at
+ * start or after CPU work; a CUDA context where the
  * module or a CUDA library is missing fails with OSFT_STATUS_NO_DEVICE and a
  * message naming what was not found; the module hands its table only to a
  * core of its own version.
@@ -9,7 +10,8 @@
  * OSFT_TEST_MODULE_MODE:
  *   (unset)   the build as it is: the module and the CUDA runtime are there
  *             (a CUDA context then succeeds on a GPU, else NO_DEVICE);
- *   env       OSFTRT_CUDA_MODULE names a folder without the module;
+ *   env       OSFTRT_CUDA_MODULE and OSFTRT_MPI_MODULE name a folder
+ *             without the modules;
  *   hidden    run by the dynamic loader with its cache and the module's run
  *             path ignored, as on a machine without the CUDA runtime. */
 #include <dlfcn.h>
@@ -165,6 +167,23 @@ static void test_cuda_context_where_cuda_is_missing(void **state) {
   cpu_flce_matches_reference();
 }
 
+/* An MPI communicator where the MPI module cannot be found (env mode):
+ * OSFT_STATUS_NOT_SUPPORTED naming where it was looked for; nothing written
+ * to the handle. */
+static void test_mpi_communicator_where_the_module_is_missing(void **state) {
+  (void)state;
+  if (!osft_has_feature(OSFT_FEATURE_MPI) || strcmp(mode(), "env") != 0) skip();
+  osft_context_t ctx = NULL;
+  assert_ok(osft_context_create(&ctx, NULL));
+  osft_comm_t comm = (osft_comm_t)(uintptr_t)0x1234;
+  assert_status(osft_comm_create_mpi(ctx, 0, NULL, &comm), OSFT_STATUS_NOT_SUPPORTED);
+  assert_error_mentions("OSFTRT_MPI_MODULE");
+  assert_error_mentions("cannot load /nonexistent-osftrt-module:"); /* a file, no slash */
+  assert_true(comm == (osft_comm_t)(uintptr_t)0x1234);
+  assert_no_cuda_mapped("after the refused MPI communicator");
+  assert_ok(osft_context_destroy(ctx));
+}
+
 /* The module gives its table only to a core of its own version, and says
  * which versions met. */
 static void test_module_refuses_another_version(void **state) {
@@ -187,6 +206,7 @@ int main(void) {
       cmocka_unit_test(test_cpu_program_maps_no_cuda),
       cmocka_unit_test(test_cuda_context_where_cuda_is_missing),
       cmocka_unit_test(test_module_refuses_another_version),
+      cmocka_unit_test(test_mpi_communicator_where_the_module_is_missing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

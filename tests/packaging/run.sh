@@ -20,8 +20,9 @@
 #   5. cmake_consumer/ (find_package(osftrt 1.0 REQUIRED) +
 #      osftrt::osftrt) is configured with CMAKE_PREFIX_PATH=<prefix>,
 #      built and run;
-#   6. a CUDA build installs libosftrt_cuda.so.1 beside the core (no dev
-#      link), and the installed core loads it from there by itself.
+#   6. a CUDA (MPI) build installs libosftrt_cuda.so.1 (libosftrt_mpi.so.1)
+#      beside the core (no dev link), and the installed core loads the CUDA
+#      module from there by itself.
 #
 # Usage: run.sh --build-dir DIR --source-dir DIR --work-dir DIR --cc CC
 #               [--cxx CXX] [--cmake CMAKE] [--generator GEN]
@@ -195,9 +196,14 @@ loaded=$(ldd "$work_dir/cmake_consumer/cmake_consumer" | awk '/libosftrt\.so/ {p
 # a CUDA context then fails only for want of a GPU (or succeeds on one),
 # never for want of the module.
 module_checked=
+if [[ -e "$build_dir/libosftrt_mpi.so.1" ]]; then
+  [[ -e "$libdir/libosftrt_mpi.so.1" && ! -e "$libdir/libosftrt_mpi.so" ]] ||
+    die "libosftrt_mpi.so.1 is not installed beside the core (or has a dev link)"
+  module_checked=", MPI module"
+fi
 if [[ -e "$build_dir/libosftrt_cuda.so.1" ]]; then
   step "CUDA module beside the installed core"
-  module_checked=", CUDA module"
+  module_checked+=", CUDA module"
   [[ -e "$libdir/libosftrt_cuda.so.1" ]] || die "missing ${libdir#"$prefix"/}/libosftrt_cuda.so.1"
   [[ ! -e "$libdir/libosftrt_cuda.so" ]] || die "the module has a dev link (it is never linked)"
   [[ "$(readlink -f "$libdir/libosftrt_cuda.so.1")" == "$libdir"/libosftrt_cuda.so.1.* ]] ||

@@ -1,0 +1,53 @@
+/* Internal: opening an optional backend module of the shared library (the
+ * CUDA module libosftrt_cuda.so.1, src/backend/cuda_module.h; the MPI
+ * module libosftrt_mpi.so.1, src/comm/comm_mpi_module.h) with dlopen.
+ *
+ * Every module exports one entry function (ModuleEntry) that checks the
+ * core's version and returns its table, which starts with a ModuleHeader.
+ * Where it is looked for, in order:
+ *   1. $ENV (e.g. OSFTRT_CUDA_MODULE), when set: the module's path, or a
+ *      folder that holds it (only there);
+ *   2. the folder of the libosftrt.so.1 that is running (where the build,
+ *      `cmake --install` and the Python wheel put it);
+ *   3. the dynamic loader's search path (LD_LIBRARY_PATH, the cache).
+ * The first file that exists is the one used: when it cannot be loaded (a
+ * library it needs is missing), that reason is reported. */
+#ifndef OSFTRT_SRC_BACKEND_MODULE_LOAD_H
+#define OSFTRT_SRC_BACKEND_MODULE_LOAD_H
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace osft {
+
+/* The first members of every module's table. */
+struct ModuleHeader {
+  uint32_t version;     /* OSFT_VERSION_NUMBER of the module's build */
+  uint32_t table_bytes; /* sizeof its table in the module's build */
+};
+
+/* A module's exported entry: its table, after checking that the core
+ * asking is of its own version (core_version: the core's
+ * OSFT_VERSION_NUMBER); nullptr on a mismatch, with the reason in
+ * why[0..why_bytes). */
+using ModuleEntry = const ModuleHeader *(*)(uint32_t core_version, char *why,
+                                            size_t why_bytes);
+
+/* What to open: the file name (libosftrt_cuda.so.1), the environment
+ * variable that may name it, and the entry's symbol. */
+struct ModuleSpec {
+  const char *file;
+  const char *env;
+  const char *entry;
+};
+
+/* Opens the module and returns its table, checked to be of this core's
+ * version and of `table_bytes`; or nullptr with the reason in *why. A
+ * module once returned stays loaded for the life of the process. */
+const ModuleHeader *open_module(const ModuleSpec &spec, size_t table_bytes,
+                                std::string *why);
+
+}  // namespace osft
+
+#endif
