@@ -17,7 +17,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string>
+
+#include "osftrt/version.h"
 
 namespace osft {
 
@@ -33,6 +36,20 @@ struct ModuleHeader {
  * why[0..why_bytes). */
 using ModuleEntry = const ModuleHeader *(*)(uint32_t core_version, char *why,
                                             size_t why_bytes);
+
+/* For a module's entry: whether the core asking is of the module's own
+ * version; if not, why[0..why_bytes) says which versions met. Inline: the
+ * module needs it before it may call into the core. */
+inline bool module_version_matches(uint32_t core_version, char *why, size_t why_bytes) {
+  if (core_version == OSFT_VERSION_NUMBER) return true;
+  if (why != nullptr && why_bytes > 0)
+    std::snprintf(why, why_bytes,
+                  "the module is libosftrt %u.%u.%u's, the core asking is %u.%u.%u: "
+                  "install both from one build",
+                  OSFT_VERSION_MAJOR, OSFT_VERSION_MINOR, OSFT_VERSION_PATCH,
+                  core_version / 10000, core_version / 100 % 100, core_version % 100);
+  return false;
+}
 
 /* What to open: the file name (libosftrt_cuda.so.1), the environment
  * variable that may name it, and the entry's symbol. */

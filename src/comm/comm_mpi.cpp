@@ -291,14 +291,6 @@ const MpiModule &mpi_module_table() {
 /* The module's one export (comm_mpi_module.h). */
 extern "C" __attribute__((visibility("default"))) const osft::ModuleHeader *
 osftrt_mpi_module_entry(uint32_t core_version, char *why, size_t why_bytes) {
-  if (core_version != OSFT_VERSION_NUMBER) {
-    if (why != nullptr && why_bytes > 0)
-      std::snprintf(why, why_bytes,
-                    "the module is libosftrt %u.%u.%u's, the core asking is %u.%u.%u: "
-                    "install both from one build",
-                    OSFT_VERSION_MAJOR, OSFT_VERSION_MINOR, OSFT_VERSION_PATCH,
-                    core_version / 10000, core_version / 100 % 100, core_version % 100);
-    return nullptr;
-  }
+  if (!osft::module_version_matches(core_version, why, why_bytes)) return nullptr;
   return &osft::mpi_module_table().header;
 }

@@ -4,7 +4,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdio>
 
 #include "osftrt/version.h"
 #include "osftrt_build_config.h"
@@ -48,14 +47,6 @@ const CudaModule &cuda_module_table() {
 
 extern "C" __attribute__((visibility("default"))) const osft::ModuleHeader *
 osftrt_cuda_module_entry(uint32_t core_version, char *why, size_t why_bytes) {
-  if (core_version != OSFT_VERSION_NUMBER) {
-    if (why != nullptr && why_bytes > 0)
-      std::snprintf(why, why_bytes,
-                    "the module is libosftrt %u.%u.%u's, the core asking is %u.%u.%u: "
-                    "install both from one build",
-                    OSFT_VERSION_MAJOR, OSFT_VERSION_MINOR, OSFT_VERSION_PATCH,
-                    core_version / 10000, core_version / 100 % 100, core_version % 100);
-    return nullptr;
-  }
+  if (!osft::module_version_matches(core_version, why, why_bytes)) return nullptr;
   return &osft::cuda_module_table().header;
 }
