@@ -26,7 +26,7 @@ trap 'rm -rf "$work"' EXIT
 names=()
 for spec in "$@"; do
   name=${spec%%=*} dir=$(cd "${spec#*=}" && pwd)
-  cc -O2 -std=c11 -I"$here/../include" "$here/bench_startup.c" -L"$dir" -losftrt \
+  cc -O2 -std=gnu11 -I"$here/../include" "$here/bench_startup.c" -L"$dir" -losftrt \
     -Wl,-rpath,"$dir" -o "$work/$name"
   names+=("$name")
 done

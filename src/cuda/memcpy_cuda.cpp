@@ -8,8 +8,11 @@
 #include "cuda/device_guard.h"
 #include "cuda/module_cuda.h"
 
-namespace osft::cuda::impl {
+namespace osft {
 namespace {
+
+using cuda::CopyKind;
+using cuda::DeviceGuard;
 
 cudaMemcpyKind memcpy_kind(CopyKind kind) {
   switch (kind) {
@@ -22,8 +25,8 @@ cudaMemcpyKind memcpy_kind(CopyKind kind) {
 
 }  // namespace
 
-void copy(int device_id, void *stream, void *dst, const void *src, size_t bytes,
-          CopyKind kind) {
+void cuda_copy(int device_id, void *stream, void *dst, const void *src, size_t bytes,
+               CopyKind kind) {
   DeviceGuard guard(device_id);
   const auto s = static_cast<cudaStream_t>(stream);
   check_cuda(cudaMemcpyAsync(dst, src, bytes, memcpy_kind(kind), s), "cudaMemcpyAsync");
@@ -33,4 +36,4 @@ void copy(int device_id, void *stream, void *dst, const void *src, size_t bytes,
     check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 }
 
-}  // namespace osft::cuda::impl
+}  // namespace osft

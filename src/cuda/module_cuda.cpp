@@ -4,7 +4,6 @@
 
 #include <cuda_runtime.h>
 
-
 #include "osftrt/version.h"
 #include "osftrt_build_config.h"
 
@@ -16,19 +15,7 @@ const CudaModule &cuda_module_table() {
     t.header.version = OSFT_VERSION_NUMBER;
     t.header.table_bytes = sizeof(CudaModule);
     t.toolkit_version = CUDART_VERSION;
-    t.device_count = cuda::impl::device_count;
-    t.check_device = cuda::impl::check_device;
-    t.device_malloc = cuda::impl::device_malloc;
-    t.device_free = cuda::impl::device_free;
-    t.stream_wait = cuda::impl::stream_wait;
-    t.synchronize = cuda::impl::synchronize;
-    t.copy = cuda::impl::copy;
-    t.create_blas = cuda::impl::create_blas;
-    t.create_solver = cuda::impl::create_solver;
-    t.set_blas_stream = cuda::impl::set_blas_stream;
-    t.set_solver_stream = cuda::impl::set_solver_stream;
-    t.destroy_blas = cuda::impl::destroy_blas;
-    t.destroy_solver = cuda::impl::destroy_solver;
+    fill_cuda_runtime(t);
     t.linalg = &cuda_linalg_table();
     t.mlp = &cuda_mlp_table();
     t.qr = &cuda_qr_table();

@@ -22,30 +22,16 @@ Engine *cuda_make_nccl_engine_from_id(Context &ctx, const osft_nccl_unique_id_t 
                                       int nranks, int rank, const Deadline &deadline,
                                       EngineInfo *info);
 
+/* runtime_cuda.cpp: sets the table's runtime entries (src/core/
+ * cuda_runtime.h's functions as the module implements them), copy() from
+ * memcpy_cuda.cpp included. */
+void fill_cuda_runtime(CudaModule &table);
+void cuda_copy(int device_id, void *stream, void *dst, const void *src, size_t bytes,
+               cuda::CopyKind kind); /* memcpy_cuda.cpp */
+
 /* The table itself, built once (module_cuda.cpp). */
 const CudaModule &cuda_module_table();
 
 }  // namespace osft
-
-namespace osft::cuda::impl {
-
-/* runtime_cuda.cpp and memcpy_cuda.cpp: src/core/cuda_runtime.h's
- * functions, as the module implements them. */
-int device_count() noexcept;
-void check_device(int device_id, const char *arg);
-void *device_malloc(size_t bytes, int device_id, void *stream);
-void device_free(void *ptr, int device_id, void *stream) noexcept;
-void stream_wait(int device_id, void *waiting, void *waited_on);
-void synchronize(int device_id, void *stream);
-void copy(int device_id, void *stream, void *dst, const void *src, size_t bytes,
-          CopyKind kind);
-void *create_blas(int device_id, void *stream);
-void *create_solver(int device_id, void *stream);
-void set_blas_stream(void *blas, void *stream);
-void set_solver_stream(void *solver, void *stream);
-void destroy_blas(int device_id, void *blas) noexcept;
-void destroy_solver(int device_id, void *solver) noexcept;
-
-}  // namespace osft::cuda::impl
 
 #endif

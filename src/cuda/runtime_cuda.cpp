@@ -17,8 +17,12 @@
 #include "cuda/module_cuda.h"
 #include "osftrt_build_config.h"
 
-namespace osft::cuda::impl {
+/* A namespace of its own: the core declares the same names in osft::cuda
+ * (its forwarders), and the static archive holds both. */
+namespace osft::cuda_runtime {
 namespace {
+
+using cuda::DeviceGuard;
 
 const char *blas_status_name(cublasStatus_t s) {
   return cublasGetStatusName(s);
@@ -35,8 +39,6 @@ const char *solver_status_name(cusolverStatus_t s) {
     default: return "cusolver error";
   }
 }
-
-}  // namespace
 
 int device_count() noexcept {
   int n = 0;
@@ -75,8 +77,6 @@ void check_device(int device_id, const char *arg) {
           arg, device_id, major, minor, OSFTRT_CUDA_ARCHS, major, minor);
 }
 
-namespace {
-
 /* The library's own stream-ordered pool on each device: freed blocks stay
  * cached (release threshold: never), so a free never waits for the device
  * and a steady state allocates nothing from the driver. A pool of our own
@@ -102,8 +102,6 @@ cudaMemPool_t device_pool(int device_id) {
   pools[device_id] = pool;
   return pool;
 }
-
-}  // namespace
 
 void *device_malloc(size_t bytes, int device_id, void *stream) {
   DeviceGuard guard(device_id);
@@ -202,4 +200,25 @@ void destroy_solver(int device_id, void *solver) noexcept {
   }
 }
 
-}  // namespace osft::cuda::impl
+}  // namespace
+}  // namespace osft::cuda_runtime
+
+namespace osft {
+
+void fill_cuda_runtime(CudaModule &t) {
+  t.device_count = cuda_runtime::device_count;
+  t.check_device = cuda_runtime::check_device;
+  t.device_malloc = cuda_runtime::device_malloc;
+  t.device_free = cuda_runtime::device_free;
+  t.stream_wait = cuda_runtime::stream_wait;
+  t.synchronize = cuda_runtime::synchronize;
+  t.copy = cuda_copy;
+  t.create_blas = cuda_runtime::create_blas;
+  t.create_solver = cuda_runtime::create_solver;
+  t.set_blas_stream = cuda_runtime::set_blas_stream;
+  t.set_solver_stream = cuda_runtime::set_solver_stream;
+  t.destroy_blas = cuda_runtime::destroy_blas;
+  t.destroy_solver = cuda_runtime::destroy_solver;
+}
+
+}  // namespace osft
