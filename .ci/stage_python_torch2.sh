@@ -10,10 +10,12 @@
 #      sdist that builds a wheel too;
 #   3. the wheel installed into the venv, and pytest on bindings/python/tests
 #      (the Hugging Face and PEFT tests included), run from outside the tree;
-#      test_import_order.py imports osftrt before and after torch in fresh
-#      interpreters: with a CUDA toolkit here the wheel links CUDA and NCCL,
-#      PyPI's torch brings its own as nvidia-* wheels, and both orders must
-#      load one copy of each, PyTorch's (issue 36);
+#      test_import_order.py imports osftrt before and after torch, and makes
+#      the first CUDA request before and after torch, in fresh interpreters:
+#      with a CUDA toolkit here the wheel's CUDA module links CUDA and NCCL,
+#      PyPI's torch brings its own as nvidia-* wheels, and every order must
+#      load one copy of each, PyTorch's (issue 36); the imports and CPU work
+#      map no CUDA library of osftrt's (issue 42);
 #      then the README's Python example as written (.ci/readme_python.py) and
 #      the Hugging Face and PEFT examples with --check;
 #   4. the wheel installed into a fresh venv outside the repository, with no
@@ -57,18 +59,34 @@ wheel=$(ls "$dist"/osftrt-*.whl)
 echo "stage_python_torch2: $(basename "$wheel") ($(du -k "$wheel" | cut -f1) KiB), sdist $(basename "$sdist") builds $(basename "$(ls "$dist"/from-sdist/*.whl)")"
 listing=$("$venv/bin/python" -m zipfile -l "$wheel")
 [[ $listing == *"osftrt/libosftrt.so.1 "* ]] || { echo "the wheel lacks osftrt/libosftrt.so.1" >&2; exit 1; }
-# With a toolkit here the wheel must link CUDA (else the import-order test proves nothing).
+# The core links no CUDA library (import osftrt maps none); with CUDA, the
+# module beside it does (loaded on the first CUDA request). With a toolkit
+# here the wheel must have the module linking CUDA (else the import-order
+# test proves nothing).
 needed=$("$venv/bin/python" - "$wheel" <<'PY'
 import sys, tempfile, zipfile
 sys.path.insert(0, "bindings/python/src/osftrt")
 import _cudalibs
+wheel = zipfile.ZipFile(sys.argv[1])
 with tempfile.TemporaryDirectory() as d:
-    print(" ".join(_cudalibs.cuda_sonames(zipfile.ZipFile(sys.argv[1]).extract("osftrt/libosftrt.so.1", d))))
+    core = _cudalibs.cuda_sonames(wheel.extract("osftrt/libosftrt.so.1", d))
+    names = wheel.namelist()
+    module = "osftrt/" + _cudalibs.MODULE
+    cuda = _cudalibs.cuda_sonames(wheel.extract(module, d)) if module in names else []
+print("core=%s module=%s" % (",".join(core), ",".join(cuda) if module in names else "absent"))
 PY
 )
-echo "stage_python_torch2: the wheel's libosftrt needs: ${needed:-no CUDA library}"
-if [[ $cuda != OFF ]] && command -v nvcc >/dev/null && [[ $needed != *libcudart* ]]; then
-  echo "stage_python_torch2: nvcc is here but the wheel was built without CUDA" >&2
+echo "stage_python_torch2: the wheel's CUDA libraries: $needed"
+if [[ $needed != core=\ * ]]; then
+  echo "stage_python_torch2: osftrt/libosftrt.so.1 links CUDA libraries (the module alone should)" >&2
+  exit 1
+fi
+if [[ $cuda != OFF ]] && command -v nvcc >/dev/null && [[ $needed != *module=*libcudart* ]]; then
+  echo "stage_python_torch2: nvcc is here but the wheel has no CUDA module (osftrt/libosftrt_cuda.so.1) linking CUDA" >&2
+  exit 1
+fi
+if [[ $cuda == OFF && $needed != *module=absent ]]; then
+  echo "stage_python_torch2: a wheel built with OSFTRT_CUDA=OFF bundles a CUDA module" >&2
   exit 1
 fi
 
@@ -96,6 +114,13 @@ assert os.path.exists(os.path.join(here, "libosftrt.so.1")), os.listdir(here)
 a = [np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)]
 q, r, status = osftrt.batched_qr(a)
 assert status == [0] and np.allclose(q[0] @ r[0], a[0], atol=1e-5), status
-print("smoke: osftrt %s from %s (%s)" % (osftrt.version(), here, osftrt.build_info().splitlines()[0]))
+cuda = [l.split()[-1] for l in open("/proc/self/maps") if "libosftrt_cuda" in l or "libcudart" in l]
+assert not cuda, cuda  # the CUDA module loads on the first CUDA request only
+try:  # with a CUDA wheel, loads the module (its run path: the toolkit here, no nvidia-* wheels)
+    osftrt.Context("cuda:0", stream=0).close()
+    request = "a CUDA context"
+except (osftrt.NoDevice, osftrt.NotSupported) as e:
+    request = "%s: %s" % (type(e).__name__, e)
+print("smoke: osftrt %s from %s (%s); CUDA: %s" % (osftrt.version(), here, osftrt.build_info().splitlines()[0], request))
 PY
 echo "stage_python_torch2: PASS"

@@ -115,7 +115,12 @@ imports() { # both orders, in fresh interpreters (test_import_order.py), and wha
   for first in "import osftrt.torch, torch" "import torch, osftrt.torch"; do
     (cd /tmp && "$py" -c "$first
 import os
+import osftrt
 from osftrt import _cudalibs
+try:  # the first CUDA request: preloads, then loads the CUDA module (a dry run has no GPU: NoDevice after loading)
+    osftrt.Context('cuda:0', stream=0).close()
+except osftrt.NoDevice as e:
+    print('no GPU: %s' % e)
 libs = sorted({l.split()[-1] for l in open('/proc/self/maps') if os.path.basename(l.split()[-1]).startswith(_cudalibs._ORDER)})
 print('$first: ok; preloaded by osftrt: %s' % (sorted(_cudalibs.LOADED) or 'none'))
 print('  ' + '\n  '.join(libs))") || return 1

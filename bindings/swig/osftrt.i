@@ -27,7 +27,10 @@
  *       handle depends on (a layer used by an MLP) cannot be closed first;
  *     - out-parameters become return values; arrays (QR lists, shard
  *       counts) take Python sequences; host callbacks (log sink, the
- *       communicator of a framework) take Python callables/objects.
+ *       communicator of a framework) take Python callables/objects;
+ *     - the calls that load the CUDA module (a CUDA context or device
+ *       count, the NCCL functions) first preload PyTorch's CUDA libraries
+ *       (osftrt/_cudalibs.py), once.
  *
  * Go uses this file too (its own typemaps go in an #ifdef SWIGGO section).
  */
@@ -1236,6 +1239,28 @@ OSFTPY_HANDLE(osft_mlp_t, OSFTPY_MLP, osft_mlp_destroy)
 }
 %feature("nothread") osft_nccl_unique_id_s::to_bytes;
 %feature("nothread") osft_nccl_unique_id_s::from_bytes;
+
+/* The requests that load libosftrt's CUDA module (the first CUDA context,
+ * CUDA device query or NCCL communicator) first load, once, PyTorch's copies
+ * of the CUDA libraries the module needs (osftrt/_cudalibs.py), so that the
+ * module and PyTorch share one copy of each; `import osftrt` loads none. */
+%pythoncode %{
+def _before_cuda():
+    from . import _cudalibs
+
+    _cudalibs.before_cuda()
+%}
+%pythonprepend osft_context_create %{
+    if opts is not None and opts.device_type == OSFT_DEVICE_CUDA:
+        _before_cuda()
+%}
+%pythonprepend osft_device_count %{
+    if type == OSFT_DEVICE_CUDA:
+        _before_cuda()
+%}
+%pythonprepend osft_comm_nccl_unique_id "_before_cuda()"
+%pythonprepend osft_comm_create_nccl "_before_cuda()"
+%pythonprepend osft_comm_create_nccl_from_id "_before_cuda()"
 
 /* Structs whose fields borrow tensors, handles or arrays keep them alive:
  * tensors are imported once (TensorRef), lists become array('q'). */

@@ -13,13 +13,14 @@ Two layers:
 """
 from __future__ import annotations
 
-import os as _os
 import threading as _threading
 
-from . import _cudalibs, _openblas
+from . import _openblas
 
 _openblas.choose_core()  # before the extension loads libosftrt and its BLAS
-_cudalibs.preload(_os.path.dirname(_os.path.abspath(__file__)))  # PyTorch's CUDA libraries, not the toolkit's
+# No CUDA library loads here: libosftrt loads its CUDA module on the first
+# CUDA request, and osftrt.capi preloads PyTorch's copies of the libraries
+# the module needs just before that (osftrt/_cudalibs.py).
 from . import capi  # noqa: E402
 from ._errors import (  # noqa: F401  (re-exported)
     Error,
