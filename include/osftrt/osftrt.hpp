@@ -839,8 +839,10 @@ struct ContextOptions : osft_context_options_t {
 
 /** @brief Memory a context holds (osft_context_get_memory_stats()). */
 struct MemoryStats : osft_memory_stats_t {
-  /** @brief All counters 0, struct_size set. */
-  MemoryStats() : osft_memory_stats_t() { struct_size = sizeof(osft_memory_stats_t); }
+  /** @brief All counters 0, struct_size set (osft_memory_stats_init()). */
+  MemoryStats() : osft_memory_stats_t() {
+    detail::check(osft_memory_stats_init(this, sizeof(osft_memory_stats_t)));
+  }
 };
 
 /** @brief A context's device. */
@@ -993,8 +995,10 @@ struct CommCallbacks : osft_comm_callbacks_t {
 
 /** @brief What a communicator has done (osft_comm_get_stats()). */
 struct CommStats : osft_comm_stats_t {
-  /** @brief All counters 0, struct_size set. */
-  CommStats() : osft_comm_stats_t() { struct_size = sizeof(osft_comm_stats_t); }
+  /** @brief All counters 0, struct_size set (osft_comm_stats_init()). */
+  CommStats() : osft_comm_stats_t() {
+    detail::check(osft_comm_stats_init(this, sizeof(osft_comm_stats_t)));
+  }
 };
 
 /** @brief A communicator's place (osft_comm_get_info()). */
@@ -1767,8 +1771,10 @@ struct FlceOutputs {
 
 /** @brief What a call would do (osft_flce_get_plan()). */
 struct FlcePlan : osft_flce_plan_t {
-  /** @brief All fields 0, struct_size set. */
-  FlcePlan() : osft_flce_plan_t() { struct_size = sizeof(osft_flce_plan_t); }
+  /** @brief All fields 0, struct_size set (osft_flce_plan_init()). */
+  FlcePlan() : osft_flce_plan_t() {
+    detail::check(osft_flce_plan_init(this, sizeof(osft_flce_plan_t)));
+  }
 };
 
 /**
@@ -1953,9 +1959,9 @@ struct Orthogonality {
 
 /** @brief What a projector holds and did (osft_projector_get_info()). */
 struct ProjectorInfo : osft_projector_info_t {
-  /** @brief All fields 0, struct_size set. */
+  /** @brief All fields 0, struct_size set (osft_projector_info_init()). */
   ProjectorInfo() : osft_projector_info_t() {
-    struct_size = sizeof(osft_projector_info_t);
+    detail::check(osft_projector_info_init(this, sizeof(osft_projector_info_t)));
   }
 };
 
