@@ -197,7 +197,11 @@
  * its backward, and either zeroes its gradients before the forward or
  * leaves grad_W and grad_b out of its zero-grad: with accumulate 0 the
  * call overwrites them, which is the zeroing (accumulate
- * OSFT_FLCE_ACCUMULATE_GRAD_WEIGHT on the later micro-batches).
+ * OSFT_FLCE_ACCUMULATE_GRAD_WEIGHT on the later micro-batches). Or it pays
+ * the split's price with the calls that exist: a forward-only call for the
+ * loss in its forward (one GEMM), the full call with the gradients in its
+ * backward (three, grad_loss known by then): 4 GEMMs, nothing held between
+ * the phases (osftrt::Flce::forward and backward in the C++ API).
  *
  * @par Vocab parallelism
  * With a communicator of P > 1 ranks in the options,

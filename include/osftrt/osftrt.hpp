@@ -1847,6 +1847,37 @@ class Flce {
     detail::check(osft_flce_compute(get(), &ci, &co));
   }
   /**
+   * @brief The forward phase of a trainer whose forward and backward are
+   * separate: the loss alone (a forward-only osft_flce_compute(), one GEMM).
+   * @param in    The inputs (grad_loss is not used).
+   * @param loss  fp32: one element (MEAN, SUM) or one per token (NONE).
+   * @throws Error as osft_flce_compute().
+   */
+  void forward(const FlceInputs &in, const TensorView &loss) {
+    FlceOutputs out;
+    out.loss = loss;
+    compute(in, out);
+  }
+  /**
+   * @brief The backward phase: the gradients of the same inputs, with
+   * in.grad_loss the upstream gradient known by then. The logits are
+   * recomputed (three GEMMs: with forward(), four where compute() with the
+   * gradients takes three; see "One call, or a forward and a backward" in
+   * flce.h).
+   * @param in     The inputs of forward(), plus grad_loss.
+   * @param grads  The gradients to write (grad_x, grad_weight, grad_bias and
+   *               accumulate); its other outputs may be set too.
+   * @throws Error OSFT_STATUS_INVALID_ARGUMENT without a gradient output;
+   *   others as osft_flce_compute().
+   */
+  void backward(const FlceInputs &in, const FlceOutputs &grads) {
+    if (grads.grad_x.empty() && grads.grad_weight.empty() && grads.grad_bias.empty())
+      detail::throw_error(OSFT_STATUS_INVALID_ARGUMENT,
+                          "osftrt::Flce::backward: grads has no grad_x, grad_weight or "
+                          "grad_bias");
+    compute(in, grads);
+  }
+  /**
    * @brief What compute() would do, validating as it would (osft_flce_get_plan()).
    * @param in   The inputs.
    * @param out  The outputs (not written).

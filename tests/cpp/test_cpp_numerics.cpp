@@ -216,6 +216,17 @@ OSFT_CPP_TEST(flce_matches_float64_and_pads_the_vocabulary) {
   OSFT_CHECK(pad_untouched);
   OSFT_CHECK(ce.options().ignore_index == -100);
   ce.check_targets();
+  // The split phases give the same numbers (the backward recomputes).
+  float loss2 = kNaN;
+  std::vector<float> gx2(m * h, kNaN);
+  ce.forward(in, TensorView::scalar(&loss2));
+  OSFT_CHECK(loss2 == loss);
+  osftrt::FlceOutputs grads;
+  grads.grad_x = TensorView(gx2.data(), {m, h});
+  ce.backward(in, grads);
+  OSFT_CHECK(gx2 == gx);
+  OSFT_EXPECT_THROWS(ce.backward(in, osftrt::FlceOutputs()), OSFT_STATUS_INVALID_ARGUMENT,
+                     "grad_x");
 }
 
 OSFT_CPP_TEST(projector_keeps_updates_orthogonal) {
