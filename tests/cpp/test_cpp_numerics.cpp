@@ -184,11 +184,9 @@ OSFT_CPP_TEST(flce_matches_float64_and_pads_the_vocabulary) {
   const std::vector<float> x = cpp_test::to_float(xd), w = cpp_test::to_float(wd);
   std::vector<int64_t> y(m);
   for (int64_t i = 0; i < m; ++i) y[i] = static_cast<int64_t>(rng() % v);
-  const std::vector<double> w_real(wd.begin(), wd.begin() + v * h);
-  const FlceRef ref = flce_reference(
-      as_double(x), as_double(std::vector<float>(w.begin(), w.begin() + v * h)), y, m, h,
-      v);
-  (void)w_real;
+  // The reference sees only the V real classes (the fp32 values of the weight).
+  const std::vector<float> w_real(w.begin(), w.begin() + v * h);
+  const FlceRef ref = flce_reference(as_double(x), as_double(w_real), y, m, h, v);
   osftrt::Context ctx;
   osftrt::Flce ce(ctx);
   float loss = kNaN;
