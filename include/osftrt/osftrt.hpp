@@ -86,7 +86,7 @@
  * typed tensor views (osftrt/osftrt.hpp).
  */
 
-/** @brief The C++ API of libosftrt (osftrt/osftrt.hpp). */
+/** @brief The C++ API of libosftrt (osftrt/osftrt.hpp). @ingroup osftrt_cpp */
 namespace osftrt {
 
 // ===================================================================== errors
