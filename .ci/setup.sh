@@ -30,6 +30,7 @@ packages=(
   python3-clang-14 golang-go  # Julia binding generator/checks; Go binding
   bindgen libclang1-14 libclang-common-14-dev  # Rust binding: bindgen drift check, .ci/stage_rust.sh
   python3-dev python3-venv python3-torch python3-numpy python3-pytest  # Python binding (/usr/bin/python3), .ci/stage_python.sh
+  libtorch-dev  # the C++ libtorch example, examples/cpp (ctest example_cpp_torch)
 )
 
 as_root() {

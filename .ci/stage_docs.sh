@@ -5,7 +5,7 @@
 #      examples and benchmarks not built) and builds the osftrt_docs target
 #      (Doxygen HTML, docs/Doxyfile.in): any Doxygen warning fails it
 #      (an undocumented symbol, parameter or return value, a broken @ref).
-#      Every header must have its page.
+#      Every header must have its page, the C++ header osftrt.hpp included.
 #   2. The comments travel: `swig -python -doxygen` over every public header
 #      must run without an error or warning, give every OSFT_API function a
 #      docstring that starts with its own @brief, and glue no header's file
@@ -49,8 +49,8 @@ if grep -Ei '(warning|error):' "$log" >&2; then
 fi
 html=$build/docs/api/html
 missing=0
-for h in include/osftrt/*.h; do
-  page=$html/$(basename "$h" .h)_8h.html
+for h in include/osftrt/*.h include/osftrt/*.hpp; do
+  page=$html/$(basename "$h" | sed 's/\./_8/').html
   if [[ ! -f $page ]]; then
     echo "stage_docs: FAIL: no page for $h ($page)" >&2
     missing=1

@@ -96,12 +96,12 @@ asan_build() {
 
 format_check() {
   local dirs=() d
-  for d in include src tests/c tests/mpi tests/fuzz tests/tsan examples bench; do
+  for d in include src tests/c tests/cpp tests/mpi tests/fuzz tests/tsan examples bench; do
     [[ -d "$d" ]] && dirs+=("$d")
   done
   local files=()
   mapfile -d '' files < <(find "${dirs[@]}" -type f \
-    \( -name '*.h' -o -name '*.c' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) \
+    \( -name '*.h' -o -name '*.hpp' -o -name '*.c' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) \
     -print0 | sort -z)
   echo "clang-format $(clang-format --version | sed 's/.*version //') on ${#files[@]} files"
   [[ ${#files[@]} -eq 0 ]] || clang-format --dry-run --Werror "${files[@]}"

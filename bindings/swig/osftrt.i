@@ -69,17 +69,6 @@ static osft_status_t osftrt_swig_##INITFN(TYPE *p) { return MACRO(p); }
 osft_status_t osftrt_swig_##INITFN(TYPE *p);
 %enddef
 
-%define OSFTRT_SIZED_STRUCT(TAG, TYPE)
-%extend TAG {
-  TAG() {
-    TYPE *p = (TYPE *)calloc(1, sizeof(TYPE));
-    if (p) p->struct_size = sizeof(TYPE);
-    return p;
-  }
-  ~TAG() { free($self); }
-}
-%enddef
-
 OSFTRT_INIT_STRUCT(osft_allocator_s, osft_allocator_t, osft_allocator_init, OSFT_ALLOCATOR_INIT)
 OSFTRT_INIT_STRUCT(osft_context_options_s, osft_context_options_t, osft_context_options_init, OSFT_CONTEXT_OPTIONS_INIT)
 OSFTRT_INIT_STRUCT(osft_comm_options_s, osft_comm_options_t, osft_comm_options_init, OSFT_COMM_OPTIONS_INIT)
@@ -96,10 +85,10 @@ OSFTRT_INIT_STRUCT(osft_mlp_grads_s, osft_mlp_grads_t, osft_mlp_grads_init, OSFT
 OSFTRT_INIT_STRUCT(osft_projector_options_s, osft_projector_options_t, osft_projector_options_init, OSFT_PROJECTOR_OPTIONS_INIT)
 OSFTRT_INIT_STRUCT(osft_projection_target_s, osft_projection_target_t, osft_projection_target_init, OSFT_PROJECTION_TARGET_INIT)
 OSFTRT_INIT_STRUCT(osft_qr_options_s, osft_qr_options_t, osft_qr_options_init, OSFT_QR_OPTIONS_INIT)
-OSFTRT_SIZED_STRUCT(osft_memory_stats_s, osft_memory_stats_t)
-OSFTRT_SIZED_STRUCT(osft_comm_stats_s, osft_comm_stats_t)
-OSFTRT_SIZED_STRUCT(osft_flce_plan_s, osft_flce_plan_t)
-OSFTRT_SIZED_STRUCT(osft_projector_info_s, osft_projector_info_t)
+OSFTRT_INIT_STRUCT(osft_memory_stats_s, osft_memory_stats_t, osft_memory_stats_init, OSFT_MEMORY_STATS_INIT)
+OSFTRT_INIT_STRUCT(osft_comm_stats_s, osft_comm_stats_t, osft_comm_stats_init, OSFT_COMM_STATS_INIT)
+OSFTRT_INIT_STRUCT(osft_flce_plan_s, osft_flce_plan_t, osft_flce_plan_init, OSFT_FLCE_PLAN_INIT)
+OSFTRT_INIT_STRUCT(osft_projector_info_s, osft_projector_info_t, osft_projector_info_init, OSFT_PROJECTOR_INFO_INIT)
 
 /* ------------------------------------------------------------------------ */
 /* Python                                                                   */

@@ -494,6 +494,22 @@ typedef struct osft_comm_stats_s {
 } osft_comm_stats_t;
 
 /**
+ * @brief Fills *stats with zeros for a struct of struct_size bytes and sets
+ * stats->struct_size = struct_size, ready for osft_comm_get_stats().
+ *
+ * Pass sizeof(osft_comm_stats_t), or use OSFT_COMM_STATS_INIT(&s). Added in 1.3.0
+ * (before, callers set struct_size by hand).
+ *
+ * @param[out] stats  The struct to fill.
+ * @param[in]  struct_size  sizeof(*stats) as the caller compiled it.
+ * @retval OSFT_STATUS_SUCCESS  The struct was filled.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  stats is NULL.
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.0 layout.
+ */
+OSFT_API osft_status_t osft_comm_stats_init(osft_comm_stats_t *stats, size_t struct_size);
+#define OSFT_COMM_STATS_INIT(s) osft_comm_stats_init((s), sizeof(*(s)))
+
+/**
  * @brief Writes the statistics (fields up to stats->struct_size).
  *
  * @param[in]     comm   The communicator.
@@ -525,6 +541,12 @@ OSFT_API osft_status_t osft_comm_reset_stats(osft_comm_t comm);
  * @def OSFT_COMM_CALLBACKS_INIT(c)
  * @brief osft_comm_callbacks_init() with the struct's own size.
  * @param c  Pointer to an osft_comm_callbacks_t.
+ */
+
+/**
+ * @def OSFT_COMM_STATS_INIT(s)
+ * @brief osft_comm_stats_init() with the struct's own size.
+ * @param s  Pointer to an osft_comm_stats_t.
  */
 
 /** @} */

@@ -451,6 +451,23 @@ typedef struct osft_memory_stats_s {
 } osft_memory_stats_t;
 
 /**
+ * @brief Fills *stats with zeros for a struct of struct_size bytes and sets
+ * stats->struct_size = struct_size, ready for osft_context_get_memory_stats().
+ *
+ * Pass sizeof(osft_memory_stats_t), or use OSFT_MEMORY_STATS_INIT(&s). Added in 1.3.0
+ * (before, callers set struct_size by hand).
+ *
+ * @param[out] stats  The struct to fill.
+ * @param[in]  struct_size  sizeof(*stats) as the caller compiled it.
+ * @retval OSFT_STATUS_SUCCESS  The struct was filled.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  stats is NULL.
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.0 layout.
+ */
+OSFT_API osft_status_t osft_memory_stats_init(osft_memory_stats_t *stats,
+                                              size_t struct_size);
+#define OSFT_MEMORY_STATS_INIT(s) osft_memory_stats_init((s), sizeof(*(s)))
+
+/**
  * @brief Writes the context's memory statistics into *stats, whose
  * struct_size the caller has set (fields beyond it are not written).
  *
@@ -484,6 +501,12 @@ OSFT_API osft_status_t osft_context_reset_peak_memory(osft_context_t ctx);
  * @def OSFT_CONTEXT_OPTIONS_INIT(o)
  * @brief osft_context_options_init() with the struct's own size.
  * @param o  Pointer to an osft_context_options_t.
+ */
+
+/**
+ * @def OSFT_MEMORY_STATS_INIT(s)
+ * @brief osft_memory_stats_init() with the struct's own size.
+ * @param s  Pointer to an osft_memory_stats_t.
  */
 
 /** @} */

@@ -161,6 +161,48 @@
  *   osft_flce_destroy(ce);
  * @endcode
  *
+ * @par A padded vocabulary
+ * Every row of in->weight is a class. Trainers often pad the LM head to a
+ * multiple for their GEMMs (GPT-2: 50257 classes in 50304 rows); passing the
+ * padded weight makes the padding rows classes too (their logits count in
+ * lse: with zero rows, 47 extra logits of 0 raise GPT-2's loss by ~9e-4)
+ * and writes gradient into them. Pass a [V, H] view of the first V rows
+ * instead, for in->weight and out->grad_weight alike (the same data
+ * pointer, shape[0] = V; the first V rows of a compact [Vp, H] matrix are
+ * themselves compact), and V-element views of bias, class_weight and
+ * grad_bias; targets then lie in [0, V), and the padding rows of
+ * grad_weight are never written. (The "Vp" of the scratch formulas below is
+ * V rounded up to 16, an internal size, not a padded weight.) The C++ API
+ * does this from one field, osftrt::FlceInputs::num_classes.
+ *
+ * @code
+ *   int64_t real[2] = {50257, 768};    // the classes, not the 50304 rows
+ *   DLTensor w = lm_head, dw = d_lm_head;
+ *   w.shape = real;   dw.shape = real;  // same data, strides NULL (compact)
+ *   in.weight = &w;   out.grad_weight = &dw;
+ * @endcode
+ *
+ * @par One call, or a forward and a backward
+ * The loss and the gradients come from one pass over the tokens: the logits
+ * GEMM (2 M V H flops), then the grad_x and grad_W GEMMs (2 M V H each), 3
+ * GEMMs in all, with the logits of a chunk never leaving scratch. A split
+ * API, a forward that keeps per token only lse and the target logit (8
+ * bytes) and a backward that recomputes the logits from x and W, would need
+ * the logits GEMM twice: 4 GEMMs instead of 3, a floor of ~1.33x the fused
+ * call (the same price as the vocabulary plan), for the convenience of
+ * separate phases. This library keeps the fused call; a trainer whose
+ * forward, zero-grad and backward are separate phases calls it in the
+ * forward with the gradients requested (grad_loss, e.g. 1 / micro-batches,
+ * must then be known in advance: it is folded in), keeps grad_x (M x H) for
+ * its backward, and either zeroes its gradients before the forward or
+ * leaves grad_W and grad_b out of its zero-grad: with accumulate 0 the
+ * call overwrites them, which is the zeroing (accumulate
+ * OSFT_FLCE_ACCUMULATE_GRAD_WEIGHT on the later micro-batches). Or it pays
+ * the split's price with the calls that exist: a forward-only call for the
+ * loss in its forward (one GEMM), the full call with the gradients in its
+ * backward (three, grad_loss known by then): 4 GEMMs, nothing held between
+ * the phases (osftrt::Flce::forward and backward in the C++ API).
+ *
  * @par Vocab parallelism
  * With a communicator of P > 1 ranks in the options,
  * W is sharded over V: rank p passes rows [vocab_offset_p, vocab_offset_p +
@@ -707,6 +749,22 @@ typedef struct osft_flce_plan_s {
 } osft_flce_plan_t;
 
 /**
+ * @brief Fills *plan with zeros for a struct of struct_size bytes and sets
+ * plan->struct_size = struct_size, ready for osft_flce_get_plan().
+ *
+ * Pass sizeof(osft_flce_plan_t), or use OSFT_FLCE_PLAN_INIT(&s).
+ * Added in 1.3.0 (before, callers set struct_size by hand).
+ *
+ * @param[out] plan  The struct to fill.
+ * @param[in]  struct_size  sizeof(*plan) as the caller compiled it.
+ * @retval OSFT_STATUS_SUCCESS  The struct was filled.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  plan is NULL.
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.0 layout.
+ */
+OSFT_API osft_status_t osft_flce_plan_init(osft_flce_plan_t *plan, size_t struct_size);
+#define OSFT_FLCE_PLAN_INIT(p) osft_flce_plan_init((p), sizeof(*(p)))
+
+/**
  * @brief Validates `in` and `out` as osft_flce_compute() would (except the
  * target values, which stay on the device) and describes the call in *plan.
  *
@@ -755,6 +813,12 @@ OSFT_API osft_status_t osft_flce_get_plan(osft_flce_t flce, const osft_flce_inpu
  * @def OSFT_FLCE_OUTPUTS_INIT(o)
  * @brief osft_flce_outputs_init() with the struct's own size.
  * @param o  Pointer to an osft_flce_outputs_t.
+ */
+
+/**
+ * @def OSFT_FLCE_PLAN_INIT(p)
+ * @brief osft_flce_plan_init() with the struct's own size.
+ * @param p  Pointer to an osft_flce_plan_t.
  */
 
 /** @} */

@@ -71,7 +71,8 @@
  * libosftrt — the OSFT fine-tuning runtime: a stable C ABI for the hot loops
  * of LLM fine-tuning. Include osftrt/osftrt.h; its description (osftrt.h)
  * states the conventions every function follows, and @ref osftrt_api lists
- * one group per header.
+ * one group per header. C++ programs may include osftrt/osftrt.hpp instead:
+ * a header-only C++17 layer over the same functions (@ref osftrt_cpp).
  */
 
 #endif /* OSFTRT_OSFTRT_H */

@@ -541,6 +541,23 @@ typedef struct osft_projector_info_s {
 } osft_projector_info_t;
 
 /**
+ * @brief Fills *info with zeros for a struct of struct_size bytes and sets
+ * info->struct_size = struct_size, ready for osft_projector_get_info().
+ *
+ * Pass sizeof(osft_projector_info_t), or use OSFT_PROJECTOR_INFO_INIT(&s). Added in 1.3.0
+ * (before, callers set struct_size by hand).
+ *
+ * @param[out] info  The struct to fill.
+ * @param[in]  struct_size  sizeof(*info) as the caller compiled it.
+ * @retval OSFT_STATUS_SUCCESS  The struct was filled.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  info is NULL.
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.0 layout.
+ */
+OSFT_API osft_status_t osft_projector_info_init(osft_projector_info_t *info,
+                                                size_t struct_size);
+#define OSFT_PROJECTOR_INFO_INIT(i) osft_projector_info_init((i), sizeof(*(i)))
+
+/**
  * @brief Writes *info (fields up to info->struct_size).
  *
  * @param[in]     projector  The projector.
@@ -564,6 +581,12 @@ OSFT_API osft_status_t osft_projector_get_info(osft_projector_t projector,
  * @def OSFT_PROJECTION_TARGET_INIT(t)
  * @brief osft_projection_target_init() with the struct's own size.
  * @param t  Pointer to an osft_projection_target_t.
+ */
+
+/**
+ * @def OSFT_PROJECTOR_INFO_INIT(i)
+ * @brief osft_projector_info_init() with the struct's own size.
+ * @param i  Pointer to an osft_projector_info_t.
  */
 
 /** @} */

@@ -24,6 +24,16 @@ osft_status_t init_struct(T *user, size_t struct_size, const T &defaults, size_t
   return OSFT_STATUS_SUCCESS;
 }
 
+/* The *_init() of a struct the library fills in (statistics, a plan): all
+ * zeros and the caller's struct_size, checked against the 1.0 layout. */
+template <class T>
+osft_status_t init_output_struct(T *user, size_t struct_size, size_t v1_size,
+                                 const char *arg, const char *type) {
+  T zeros{};
+  zeros.struct_size = sizeof zeros;
+  return init_struct(user, struct_size, zeros, v1_size, arg, type);
+}
+
 }  // namespace osft
 
 #endif

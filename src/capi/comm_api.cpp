@@ -174,6 +174,14 @@ OSFT_API osft_status_t osft_comm_barrier(osft_comm_t comm) {
   });
 }
 
+OSFT_API osft_status_t osft_comm_stats_init(osft_comm_stats_t *stats,
+                                            size_t struct_size) {
+  return api_call("osft_comm_stats_init", [&] {
+    return osft::init_output_struct(stats, struct_size, kStatsV1, "stats",
+                                    "osft_comm_stats_t");
+  });
+}
+
 OSFT_API osft_status_t osft_comm_get_stats(osft_comm_t comm, osft_comm_stats_t *stats) {
   return api_call("osft_comm_get_stats", [&] {
     const osft::Comm &c = osft::checked_comm(comm, "comm");

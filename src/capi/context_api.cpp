@@ -142,6 +142,15 @@ OSFT_API osft_status_t osft_context_get_workspace_size(osft_context_t ctx,
   });
 }
 
+OSFT_API osft_status_t osft_memory_stats_init(osft_memory_stats_t *stats,
+                                              size_t struct_size) {
+  return api_call("osft_memory_stats_init", [&] {
+    return osft::init_output_struct(stats, struct_size,
+                                    OSFTI_V1_SIZE(osft_memory_stats_t, workspace_bytes),
+                                    "stats", "osft_memory_stats_t");
+  });
+}
+
 OSFT_API osft_status_t osft_context_get_memory_stats(osft_context_t ctx,
                                                      osft_memory_stats_t *stats) {
   return api_call("osft_context_get_memory_stats", [&] {

@@ -117,6 +117,13 @@ OSFT_API osft_status_t osft_flce_check_targets(osft_flce_t flce) {
   });
 }
 
+OSFT_API osft_status_t osft_flce_plan_init(osft_flce_plan_t *plan, size_t struct_size) {
+  return api_call("osft_flce_plan_init", [&] {
+    return osft::init_output_struct(plan, struct_size, kPlanV1, "plan",
+                                    "osft_flce_plan_t");
+  });
+}
+
 OSFT_API osft_status_t osft_flce_get_plan(osft_flce_t flce, const osft_flce_inputs_t *in,
                                           const osft_flce_outputs_t *out,
                                           osft_flce_plan_t *plan) {

@@ -147,6 +147,14 @@ OSFT_API osft_status_t osft_projector_orthogonality(osft_projector_t projector,
   });
 }
 
+OSFT_API osft_status_t osft_projector_info_init(osft_projector_info_t *info,
+                                                size_t struct_size) {
+  return api_call("osft_projector_info_init", [&] {
+    return osft::init_output_struct(info, struct_size, kInfoV1, "info",
+                                    "osft_projector_info_t");
+  });
+}
+
 OSFT_API osft_status_t osft_projector_get_info(osft_projector_t projector,
                                                osft_projector_info_t *info) {
   return api_call("osft_projector_get_info", [&] {

@@ -12,14 +12,18 @@
 #      lib/<multiarch>) is found, not assumed;
 #   3. every installed header compiles on its own, as C11 (and C++ when a
 #      C++ compiler is given), with warnings as errors, with no CUDA header
-#      reachable (CPATH etc. cleared; the -H include trace is checked);
+#      reachable (CPATH etc. cleared; the -H include trace is checked); the
+#      C++ header osftrt.hpp compiles on its own as C++17 and C++20;
 #   4. pkg-config (PKG_CONFIG_PATH=<libdir>/pkgconfig) reports the version
 #      and a prefix equal to the install prefix; consumer.c is compiled with
 #      `$CC $(pkg-config --cflags --libs osftrt)` and run with
-#      LD_LIBRARY_PATH=<libdir>, and must load the installed library;
+#      LD_LIBRARY_PATH=<libdir>, and must load the installed library; with a
+#      C++ compiler, consumer.cpp (the C++ API) likewise, and once more linked
+#      with -Wl,-rpath,$(pkg-config --variable=libdir osftrt) and run without
+#      LD_LIBRARY_PATH (the README's advice for a non-system prefix);
 #   5. cmake_consumer/ (find_package(osftrt 1.0 REQUIRED) +
 #      osftrt::osftrt) is configured with CMAKE_PREFIX_PATH=<prefix>,
-#      built and run;
+#      built and run; with a C++ compiler, its C++ consumer too;
 #   6. a CUDA (MPI) build installs libosftrt_cuda.so.1 (libosftrt_mpi.so.1)
 #      beside the core (no dev link), and the installed core loads the CUDA
 #      module from there by itself.
@@ -95,7 +99,7 @@ real_lib=$(readlink -f "$libdir/libosftrt.so.1")
   die "libosftrt.so.1 points outside $libdir: $real_lib"
 [[ -d "$prefix/include/osftrt" ]] || die "missing include/osftrt"
 headers=()
-for h in "$source_dir"/include/osftrt/*.h; do
+for h in "$source_dir"/include/osftrt/*.h "$source_dir"/include/osftrt/*.hpp; do
   name=$(basename "$h")
   [[ -f "$prefix/include/osftrt/$name" ]] || die "missing include/osftrt/$name"
   cmp -s "$h" "$prefix/include/osftrt/$name" ||
@@ -119,6 +123,7 @@ step "public headers compile without CUDA"
 hdr_dir="$work_dir/headers"
 mkdir -p "$hdr_dir"
 for name in "${headers[@]}"; do
+  [[ $name == *.h ]] || continue
   tu="$hdr_dir/${name%.h}.c"
   printf '#include <osftrt/%s>\n#include <osftrt/%s>\nint osft_header_test_%s;\n' \
     "$name" "$name" "${name%.h}" >"$tu"
@@ -138,7 +143,15 @@ for name in "${headers[@]}"; do
       die "include/osftrt/$name does not compile as C++11"
   fi
 done
-echo "ok: ${#headers[@]} headers, C11${cxx:+ and C++11}, no CUDA header included"
+if [[ -n "$cxx" ]]; then
+  for std in c++17 c++20; do
+    printf '#include <osftrt/osftrt.hpp>\n#include <osftrt/osftrt.hpp>\n' >"$hdr_dir/hpp.cpp"
+    "$cxx" -std=$std -Wall -Wextra -Wpedantic -Wshadow -Werror -fsyntax-only \
+      -I"$prefix/include" "$hdr_dir/hpp.cpp" ||
+      die "include/osftrt/osftrt.hpp does not compile on its own as $std"
+  done
+fi
+echo "ok: ${#headers[@]} headers, C11${cxx:+ and C++11, osftrt.hpp as C++17/C++20}, no CUDA header included"
 
 # ---------------------------------------------------------------- 4. pkg-config
 step "pkg-config consumer"
@@ -165,6 +178,21 @@ loaded=$(LD_LIBRARY_PATH="$libdir" ldd "$work_dir/pc_consumer" | awk '/libosftrt
 [[ "$(readlink -f "$loaded")" == "$real_lib" ]] ||
   die "pc_consumer loads '$loaded', not the installed $real_lib"
 LD_LIBRARY_PATH="$libdir" "$work_dir/pc_consumer" || die "pc_consumer failed"
+if [[ -n "$cxx" ]]; then
+  "$cxx" -std=c++17 -Wall -Wextra -Werror "${san_flags[@]}" \
+    "$source_dir/tests/packaging/consumer.cpp" "${pc_flags[@]}" \
+    -o "$work_dir/pc_consumer_cpp" || die "compiling consumer.cpp via pkg-config failed"
+  LD_LIBRARY_PATH="$libdir" "$work_dir/pc_consumer_cpp" || die "pc_consumer_cpp failed"
+  # A non-system prefix without LD_LIBRARY_PATH: the run path (README, Linking).
+  "$cxx" -std=c++17 "${san_flags[@]}" "$source_dir/tests/packaging/consumer.cpp" \
+    "${pc_flags[@]}" "-Wl,-rpath,$("$pkg_config" --variable=libdir osftrt)" \
+    -o "$work_dir/pc_consumer_rpath" || die "linking consumer.cpp with a run path failed"
+  loaded=$(env -u LD_LIBRARY_PATH ldd "$work_dir/pc_consumer_rpath" |
+    awk '/libosftrt\.so/ {print $3}')
+  [[ "$(readlink -f "$loaded")" == "$real_lib" ]] ||
+    die "pc_consumer_rpath loads '$loaded', not the installed $real_lib"
+  env -u LD_LIBRARY_PATH "$work_dir/pc_consumer_rpath" || die "pc_consumer_rpath failed"
+fi
 
 # ---------------------------------------------------------------- 5. CMake
 step "find_package(osftrt) consumer"
@@ -173,7 +201,9 @@ gen_args=()
 cmake_flags=()
 if [[ ${#san_flags[@]} -gt 0 ]]; then
   cmake_flags=("-DCMAKE_C_FLAGS=${san_flags[*]}" "-DCMAKE_EXE_LINKER_FLAGS=${san_flags[*]}")
+  cmake_flags+=("-DCMAKE_CXX_FLAGS=${san_flags[*]}")
 fi
+[[ -n "$cxx" ]] && cmake_flags+=("-DCMAKE_CXX_COMPILER=$cxx")
 "$cmake" -S "$source_dir/tests/packaging/cmake_consumer" -B "$work_dir/cmake_consumer" \
   "${gen_args[@]}" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_PREFIX_PATH="$prefix" -DOSFTRT_EXPECT_PREFIX="$prefix" \
@@ -189,6 +219,11 @@ loaded=$(ldd "$work_dir/cmake_consumer/cmake_consumer" | awk '/libosftrt\.so/ {p
 [[ "$(readlink -f "$loaded")" == "$real_lib" ]] ||
   die "cmake_consumer loads '$loaded', not the installed $real_lib"
 "$work_dir/cmake_consumer/cmake_consumer" || die "cmake_consumer failed"
+if [[ -n "$cxx" ]]; then
+  [[ -x "$work_dir/cmake_consumer/cmake_consumer_cpp" ]] ||
+    die "cmake_consumer did not build its C++ consumer"
+  "$work_dir/cmake_consumer/cmake_consumer_cpp" || die "cmake_consumer_cpp failed"
+fi
 
 # ---------------------------------------------------------------- 6. CUDA module
 # A CUDA build installs its module beside the core (no dev link: it is

@@ -28,6 +28,7 @@ var CFunctions = map[string]interface{}{
 	"osft_context_release_workspace":  (*Context).ReleaseWorkspace,
 	"osft_context_get_workspace_size": (*Context).WorkspaceSize,
 	"osft_context_get_memory_stats":   (*Context).MemoryStats,
+	"osft_memory_stats_init":          (*Context).MemoryStats, // osft_memory_stats_t's constructor
 	"osft_context_reset_peak_memory":  (*Context).ResetPeakMemory,
 	// comm.h
 	"osft_comm_options_init":        DefaultCommOptions,
@@ -44,6 +45,7 @@ var CFunctions = map[string]interface{}{
 	"osft_comm_allgather":           (*Comm).Allgather,
 	"osft_comm_barrier":             (*Comm).Barrier,
 	"osft_comm_get_stats":           (*Comm).Stats,
+	"osft_comm_stats_init":          (*Comm).Stats, // osft_comm_stats_t's constructor
 	"osft_comm_reset_stats":         (*Comm).ResetStats,
 	// flce.h
 	"osft_flce_options_init":  DefaultFLCEOptions,
@@ -54,6 +56,7 @@ var CFunctions = map[string]interface{}{
 	"osft_flce_outputs_init":  (*FLCE).Compute, // FLCEOutputs
 	"osft_flce_compute":       (*FLCE).Compute,
 	"osft_flce_get_plan":      (*FLCE).Plan,
+	"osft_flce_plan_init":     (*FLCE).Plan, // the plan the call fills in
 	"osft_flce_check_targets": (*FLCE).CheckTargets,
 	// flinear.h
 	"osft_flinear_options_init":        DefaultFLinearOptions,
@@ -94,6 +97,7 @@ var CFunctions = map[string]interface{}{
 	"osft_projector_project_params": (*Projector).ProjectParams,
 	"osft_projector_orthogonality":  (*Projector).Orthogonality,
 	"osft_projector_get_info":       (*Projector).Info,
+	"osft_projector_info_init":      (*Projector).Info, // osft_projector_info_t's constructor
 	// qr.h
 	"osft_qr_options_init":    DefaultQROptions,
 	"osft_qr_batch":           QRBatch,

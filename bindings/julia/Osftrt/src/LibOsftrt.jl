@@ -387,6 +387,23 @@ struct osft_memory_stats_t
 end
 
 """
+    osft_memory_stats_t(; field = value, ...)
+
+The defaults of `osft_memory_stats_init` (the library's own, as `osft_memory_stats_init` writes them
+for `struct_size = sizeof(osft_memory_stats_t)`), with the given fields replaced.
+"""
+function osft_memory_stats_t(; kwargs...)
+    r = Ref{osft_memory_stats_t}()
+    st = osft_memory_stats_init(r, Csize_t(sizeof(osft_memory_stats_t)))
+    st == OSFT_STATUS_SUCCESS || error("osft_memory_stats_init failed: ", unsafe_string(osft_last_error()))
+    d = r[]
+    for k in keys(kwargs)
+        k in fieldnames(osft_memory_stats_t) || throw(ArgumentError("osft_memory_stats_t has no field $k"))
+    end
+    return osft_memory_stats_t(get(kwargs, :struct_size, d.struct_size), get(kwargs, :host_in_use, d.host_in_use), get(kwargs, :host_peak, d.host_peak), get(kwargs, :device_in_use, d.device_in_use), get(kwargs, :device_peak, d.device_peak), get(kwargs, :host_allocs, d.host_allocs), get(kwargs, :device_allocs, d.device_allocs), get(kwargs, :workspace_bytes, d.workspace_bytes))
+end
+
+"""
 `osft_comm_options_t` (include/osftrt/comm.h)
 
 @brief Options for every osft_comm_create_*().
@@ -527,6 +544,23 @@ struct osft_comm_stats_t
 end
 
 """
+    osft_comm_stats_t(; field = value, ...)
+
+The defaults of `osft_comm_stats_init` (the library's own, as `osft_comm_stats_init` writes them
+for `struct_size = sizeof(osft_comm_stats_t)`), with the given fields replaced.
+"""
+function osft_comm_stats_t(; kwargs...)
+    r = Ref{osft_comm_stats_t}()
+    st = osft_comm_stats_init(r, Csize_t(sizeof(osft_comm_stats_t)))
+    st == OSFT_STATUS_SUCCESS || error("osft_comm_stats_init failed: ", unsafe_string(osft_last_error()))
+    d = r[]
+    for k in keys(kwargs)
+        k in fieldnames(osft_comm_stats_t) || throw(ArgumentError("osft_comm_stats_t has no field $k"))
+    end
+    return osft_comm_stats_t(get(kwargs, :struct_size, d.struct_size), get(kwargs, :allreduce_calls, d.allreduce_calls), get(kwargs, :allgather_calls, d.allgather_calls), get(kwargs, :barrier_calls, d.barrier_calls), get(kwargs, :allreduce_bytes, d.allreduce_bytes), get(kwargs, :allgather_bytes, d.allgather_bytes), get(kwargs, :failures, d.failures))
+end
+
+"""
 `osft_flce_options_t` (include/osftrt/flce.h)
 
  @brief Options of a handle. Initialize with OSFT_FLCE_OPTIONS_INIT(&o).
@@ -659,6 +693,23 @@ struct osft_flce_plan_t
     chunking::osft_flce_chunking_t
     slices::Int64
     slice_cols::Int64
+end
+
+"""
+    osft_flce_plan_t(; field = value, ...)
+
+The defaults of `osft_flce_plan_init` (the library's own, as `osft_flce_plan_init` writes them
+for `struct_size = sizeof(osft_flce_plan_t)`), with the given fields replaced.
+"""
+function osft_flce_plan_t(; kwargs...)
+    r = Ref{osft_flce_plan_t}()
+    st = osft_flce_plan_init(r, Csize_t(sizeof(osft_flce_plan_t)))
+    st == OSFT_STATUS_SUCCESS || error("osft_flce_plan_init failed: ", unsafe_string(osft_last_error()))
+    d = r[]
+    for k in keys(kwargs)
+        k in fieldnames(osft_flce_plan_t) || throw(ArgumentError("osft_flce_plan_t has no field $k"))
+    end
+    return osft_flce_plan_t(get(kwargs, :struct_size, d.struct_size), get(kwargs, :tokens, d.tokens), get(kwargs, :chunk_rows, d.chunk_rows), get(kwargs, :chunks, d.chunks), get(kwargs, :scratch_bytes, d.scratch_bytes), get(kwargs, :budget_bytes, d.budget_bytes), get(kwargs, :chunking, d.chunking), get(kwargs, :slices, d.slices), get(kwargs, :slice_cols, d.slice_cols))
 end
 
 """
@@ -988,6 +1039,23 @@ struct osft_projector_info_t
     last_elementwise_calls::Int64
     last_collectives::Int64
     last_host_waits::Int64
+end
+
+"""
+    osft_projector_info_t(; field = value, ...)
+
+The defaults of `osft_projector_info_init` (the library's own, as `osft_projector_info_init` writes them
+for `struct_size = sizeof(osft_projector_info_t)`), with the given fields replaced.
+"""
+function osft_projector_info_t(; kwargs...)
+    r = Ref{osft_projector_info_t}()
+    st = osft_projector_info_init(r, Csize_t(sizeof(osft_projector_info_t)))
+    st == OSFT_STATUS_SUCCESS || error("osft_projector_info_init failed: ", unsafe_string(osft_last_error()))
+    d = r[]
+    for k in keys(kwargs)
+        k in fieldnames(osft_projector_info_t) || throw(ArgumentError("osft_projector_info_t has no field $k"))
+    end
+    return osft_projector_info_t(get(kwargs, :struct_size, d.struct_size), get(kwargs, :targets, d.targets), get(kwargs, :reduced_elements, d.reduced_elements), get(kwargs, :collectives_per_project, d.collectives_per_project), get(kwargs, :coefficient_bytes, d.coefficient_bytes), get(kwargs, :gathered_bytes, d.gathered_bytes), get(kwargs, :setup_pending, d.setup_pending), get(kwargs, :last_gemms, d.last_gemms), get(kwargs, :last_gemm_calls, d.last_gemm_calls), get(kwargs, :last_elementwise_calls, d.last_elementwise_calls), get(kwargs, :last_collectives, d.last_collectives), get(kwargs, :last_host_waits, d.last_host_waits))
 end
 
 """
@@ -1477,6 +1545,27 @@ function osft_context_get_workspace_size(ctx, bytes)
 end
 
 """
+    osft_memory_stats_init(stats, struct_size) -> osft_status_t
+
+@brief Fills *stats with zeros for a struct of struct_size bytes and sets
+stats->struct_size = struct_size, ready for osft_context_get_memory_stats().
+
+Pass sizeof(osft_memory_stats_t), or use OSFT_MEMORY_STATS_INIT(&s). Added in 1.3.0
+(before, callers set struct_size by hand).
+
+@param[out] stats  The struct to fill.
+@param[in]  struct_size  sizeof(*stats) as the caller compiled it.
+@retval OSFT_STATUS_SUCCESS  The struct was filled.
+@retval OSFT_STATUS_INVALID_ARGUMENT  stats is NULL.
+@retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.0 layout.
+
+C header: `include/osftrt/context.h`.
+"""
+function osft_memory_stats_init(stats, struct_size)
+    ccall((:osft_memory_stats_init, libosftrt), osft_status_t, (Ptr{osft_memory_stats_t}, Csize_t), stats, struct_size)
+end
+
+"""
     osft_context_get_memory_stats(ctx, stats) -> osft_status_t
 
 @brief Writes the context's memory statistics into *stats, whose
@@ -1858,6 +1947,27 @@ function osft_comm_barrier(comm)
 end
 
 """
+    osft_comm_stats_init(stats, struct_size) -> osft_status_t
+
+@brief Fills *stats with zeros for a struct of struct_size bytes and sets
+stats->struct_size = struct_size, ready for osft_comm_get_stats().
+
+Pass sizeof(osft_comm_stats_t), or use OSFT_COMM_STATS_INIT(&s). Added in 1.3.0
+(before, callers set struct_size by hand).
+
+@param[out] stats  The struct to fill.
+@param[in]  struct_size  sizeof(*stats) as the caller compiled it.
+@retval OSFT_STATUS_SUCCESS  The struct was filled.
+@retval OSFT_STATUS_INVALID_ARGUMENT  stats is NULL.
+@retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.0 layout.
+
+C header: `include/osftrt/comm.h`.
+"""
+function osft_comm_stats_init(stats, struct_size)
+    ccall((:osft_comm_stats_init, libosftrt), osft_status_t, (Ptr{osft_comm_stats_t}, Csize_t), stats, struct_size)
+end
+
+"""
     osft_comm_get_stats(comm, stats) -> osft_status_t
 
 @brief Writes the statistics (fields up to stats->struct_size).
@@ -2093,6 +2203,27 @@ C header: `include/osftrt/flce.h`.
 """
 function osft_flce_check_targets(flce)
     ccall((:osft_flce_check_targets, libosftrt), osft_status_t, (osft_flce_t,), flce)
+end
+
+"""
+    osft_flce_plan_init(plan, struct_size) -> osft_status_t
+
+@brief Fills *plan with zeros for a struct of struct_size bytes and sets
+plan->struct_size = struct_size, ready for osft_flce_get_plan().
+
+Pass sizeof(osft_flce_plan_t), or use OSFT_FLCE_PLAN_INIT(&s).
+Added in 1.3.0 (before, callers set struct_size by hand).
+
+@param[out] plan  The struct to fill.
+@param[in]  struct_size  sizeof(*plan) as the caller compiled it.
+@retval OSFT_STATUS_SUCCESS  The struct was filled.
+@retval OSFT_STATUS_INVALID_ARGUMENT  plan is NULL.
+@retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.0 layout.
+
+C header: `include/osftrt/flce.h`.
+"""
+function osft_flce_plan_init(plan, struct_size)
+    ccall((:osft_flce_plan_init, libosftrt), osft_status_t, (Ptr{osft_flce_plan_t}, Csize_t), plan, struct_size)
 end
 
 """
@@ -3076,6 +3207,27 @@ function osft_projector_orthogonality(projector, max_u, max_v)
 end
 
 """
+    osft_projector_info_init(info, struct_size) -> osft_status_t
+
+@brief Fills *info with zeros for a struct of struct_size bytes and sets
+info->struct_size = struct_size, ready for osft_projector_get_info().
+
+Pass sizeof(osft_projector_info_t), or use OSFT_PROJECTOR_INFO_INIT(&s). Added in 1.3.0
+(before, callers set struct_size by hand).
+
+@param[out] info  The struct to fill.
+@param[in]  struct_size  sizeof(*info) as the caller compiled it.
+@retval OSFT_STATUS_SUCCESS  The struct was filled.
+@retval OSFT_STATUS_INVALID_ARGUMENT  info is NULL.
+@retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.0 layout.
+
+C header: `include/osftrt/projection.h`.
+"""
+function osft_projector_info_init(info, struct_size)
+    ccall((:osft_projector_info_init, libosftrt), osft_status_t, (Ptr{osft_projector_info_t}, Csize_t), info, struct_size)
+end
+
+"""
     osft_projector_get_info(projector, info) -> osft_status_t
 
 @brief Writes *info (fields up to info->struct_size).
@@ -3261,6 +3413,6 @@ const C_LAYOUTS = Dict{Symbol, Tuple{Int, Vector{Pair{Symbol, Int}}}}(
 )
 
 # Every public function, for the completeness test.
-const FUNCTIONS = [:osft_status_string, :osft_last_error, :osft_clear_last_error, :osft_version, :osft_version_string, :osft_build_info, :osft_has_feature, :osft_set_log_callback, :osft_device_count, :osft_allocator_init, :osft_context_options_init, :osft_context_create, :osft_context_destroy, :osft_context_get_device, :osft_context_set_stream, :osft_context_get_stream, :osft_context_synchronize, :osft_context_reserve_workspace, :osft_context_release_workspace, :osft_context_get_workspace_size, :osft_context_get_memory_stats, :osft_context_reset_peak_memory, :osft_comm_options_init, :osft_comm_create_self, :osft_comm_create_mpi, :osft_comm_nccl_unique_id, :osft_comm_create_nccl, :osft_comm_create_nccl_from_id, :osft_comm_callbacks_init, :osft_comm_create_callbacks, :osft_comm_destroy, :osft_comm_get_info, :osft_comm_allreduce_sum, :osft_comm_allgather, :osft_comm_barrier, :osft_comm_get_stats, :osft_comm_reset_stats, :osft_flce_options_init, :osft_flce_create, :osft_flce_destroy, :osft_flce_get_options, :osft_flce_inputs_init, :osft_flce_outputs_init, :osft_flce_compute, :osft_flce_check_targets, :osft_flce_get_plan, :osft_flinear_options_init, :osft_flinear_create_from_weight, :osft_flinear_factors_init, :osft_flinear_create_from_factors, :osft_flinear_destroy, :osft_flinear_get_dims, :osft_flinear_get_factor, :osft_flinear_set_strategy, :osft_flinear_choose_strategy, :osft_flinear_forward, :osft_flinear_grads_init, :osft_flinear_backward, :osft_flinear_merge, :osft_flinear_redecompose, :osft_flinear_refresh, :osft_mlp_weights_init, :osft_mlp_options_init, :osft_mlp_create, :osft_mlp_destroy, :osft_mlp_get_tile_count, :osft_mlp_forward, :osft_mlp_grads_init, :osft_mlp_backward, :osft_projector_options_init, :osft_projector_create, :osft_projector_destroy, :osft_projection_target_init, :osft_projector_add_target, :osft_projector_add_layer, :osft_projector_set_grads, :osft_projector_prepare, :osft_projector_invalidate, :osft_projector_project, :osft_projector_project_params, :osft_projector_orthogonality, :osft_projector_get_info, :osft_qr_options_init, :osft_qr_batch, :osft_qr_power_iteration]
+const FUNCTIONS = [:osft_status_string, :osft_last_error, :osft_clear_last_error, :osft_version, :osft_version_string, :osft_build_info, :osft_has_feature, :osft_set_log_callback, :osft_device_count, :osft_allocator_init, :osft_context_options_init, :osft_context_create, :osft_context_destroy, :osft_context_get_device, :osft_context_set_stream, :osft_context_get_stream, :osft_context_synchronize, :osft_context_reserve_workspace, :osft_context_release_workspace, :osft_context_get_workspace_size, :osft_memory_stats_init, :osft_context_get_memory_stats, :osft_context_reset_peak_memory, :osft_comm_options_init, :osft_comm_create_self, :osft_comm_create_mpi, :osft_comm_nccl_unique_id, :osft_comm_create_nccl, :osft_comm_create_nccl_from_id, :osft_comm_callbacks_init, :osft_comm_create_callbacks, :osft_comm_destroy, :osft_comm_get_info, :osft_comm_allreduce_sum, :osft_comm_allgather, :osft_comm_barrier, :osft_comm_stats_init, :osft_comm_get_stats, :osft_comm_reset_stats, :osft_flce_options_init, :osft_flce_create, :osft_flce_destroy, :osft_flce_get_options, :osft_flce_inputs_init, :osft_flce_outputs_init, :osft_flce_compute, :osft_flce_check_targets, :osft_flce_plan_init, :osft_flce_get_plan, :osft_flinear_options_init, :osft_flinear_create_from_weight, :osft_flinear_factors_init, :osft_flinear_create_from_factors, :osft_flinear_destroy, :osft_flinear_get_dims, :osft_flinear_get_factor, :osft_flinear_set_strategy, :osft_flinear_choose_strategy, :osft_flinear_forward, :osft_flinear_grads_init, :osft_flinear_backward, :osft_flinear_merge, :osft_flinear_redecompose, :osft_flinear_refresh, :osft_mlp_weights_init, :osft_mlp_options_init, :osft_mlp_create, :osft_mlp_destroy, :osft_mlp_get_tile_count, :osft_mlp_forward, :osft_mlp_grads_init, :osft_mlp_backward, :osft_projector_options_init, :osft_projector_create, :osft_projector_destroy, :osft_projection_target_init, :osft_projector_add_target, :osft_projector_add_layer, :osft_projector_set_grads, :osft_projector_prepare, :osft_projector_invalidate, :osft_projector_project, :osft_projector_project_params, :osft_projector_orthogonality, :osft_projector_info_init, :osft_projector_get_info, :osft_qr_options_init, :osft_qr_batch, :osft_qr_power_iteration]
 
 end # module LibOsftrt

@@ -493,6 +493,9 @@ extern "C" {
 }
 pub type osft_memory_stats_t = osft_memory_stats_s ;
 extern "C" {
+    pub fn osft_memory_stats_init (stats : * mut osft_memory_stats_t , struct_size : usize) -> osft_status_t ;
+}
+extern "C" {
     pub fn osft_context_get_memory_stats (ctx : osft_context_t , stats : * mut osft_memory_stats_t) -> osft_status_t ;
 }
 extern "C" {
@@ -725,6 +728,9 @@ extern "C" {
     test_field_failures () ;
 }
 pub type osft_comm_stats_t = osft_comm_stats_s ;
+extern "C" {
+    pub fn osft_comm_stats_init (stats : * mut osft_comm_stats_t , struct_size : usize) -> osft_status_t ;
+}
 extern "C" {
     pub fn osft_comm_get_stats (comm : osft_comm_t , stats : * mut osft_comm_stats_t) -> osft_status_t ;
 }
@@ -1134,6 +1140,9 @@ extern "C" {
     test_field_slice_cols () ;
 }
 pub type osft_flce_plan_t = osft_flce_plan_s ;
+extern "C" {
+    pub fn osft_flce_plan_init (plan : * mut osft_flce_plan_t , struct_size : usize) -> osft_status_t ;
+}
 extern "C" {
     pub fn osft_flce_get_plan (flce : osft_flce_t , in_ : * const osft_flce_inputs_t , out : * const osft_flce_outputs_t , plan : * mut osft_flce_plan_t) -> osft_status_t ;
 }
@@ -1956,6 +1965,9 @@ extern "C" {
     test_field_last_host_waits () ;
 }
 pub type osft_projector_info_t = osft_projector_info_s ;
+extern "C" {
+    pub fn osft_projector_info_init (info : * mut osft_projector_info_t , struct_size : usize) -> osft_status_t ;
+}
 extern "C" {
     pub fn osft_projector_get_info (projector : osft_projector_t , info : * mut osft_projector_info_t) -> osft_status_t ;
 }

@@ -14,6 +14,11 @@ const BUILT_DIRECTLY: &[&str] = &[
     "osft_mlp_weights_init",
     "osft_mlp_grads_init",
     "osft_projection_target_init",
+    // The structs the library fills in (1.3.0): zeros and struct_size.
+    "osft_memory_stats_init",
+    "osft_flce_plan_init",
+    "osft_comm_stats_init",
+    "osft_projector_info_init",
 ];
 
 #[test]

@@ -82,11 +82,11 @@ typedef long long swig_type_49;
 typedef long long swig_type_50;
 typedef long long swig_type_51;
 typedef long long swig_type_52;
-typedef _gostring_ swig_type_53;
+typedef long long swig_type_53;
 typedef _gostring_ swig_type_54;
-typedef long long swig_type_55;
+typedef _gostring_ swig_type_55;
 typedef long long swig_type_56;
-typedef void* swig_type_57;
+typedef long long swig_type_57;
 typedef void* swig_type_58;
 typedef void* swig_type_59;
 typedef void* swig_type_60;
@@ -94,7 +94,7 @@ typedef void* swig_type_61;
 typedef void* swig_type_62;
 typedef void* swig_type_63;
 typedef void* swig_type_64;
-typedef long long swig_type_65;
+typedef void* swig_type_65;
 typedef long long swig_type_66;
 typedef long long swig_type_67;
 typedef long long swig_type_68;
@@ -213,6 +213,10 @@ typedef long long swig_type_180;
 typedef long long swig_type_181;
 typedef long long swig_type_182;
 typedef long long swig_type_183;
+typedef long long swig_type_184;
+typedef long long swig_type_185;
+typedef long long swig_type_186;
+typedef long long swig_type_187;
 extern void _wrap_Swig_free_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_Swig_malloc_capi_osftrt(swig_intgo arg1);
 extern swig_intgo _wrap_OSFT_ALLOCATOR_INIT_capi_osftrt(uintptr_t arg1);
@@ -231,6 +235,10 @@ extern swig_intgo _wrap_OSFT_MLP_GRADS_INIT_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_OSFT_PROJECTOR_OPTIONS_INIT_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_OSFT_PROJECTION_TARGET_INIT_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_OSFT_QR_OPTIONS_INIT_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_OSFT_MEMORY_STATS_INIT_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_OSFT_COMM_STATS_INIT_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_OSFT_FLCE_PLAN_INIT_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_OSFT_PROJECTOR_INFO_INIT_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_OSFTGO_FLCE_COMPUTE_capi_osftrt(void);
 extern swig_intgo _wrap_OSFTGO_FLCE_PLAN_capi_osftrt(void);
 extern swig_intgo _wrap_OSFTGO_FLINEAR_CREATE_WEIGHT_capi_osftrt(void);
@@ -404,69 +412,71 @@ extern void _wrap_osft_memory_stats_t_workspace_bytes_set_capi_osftrt(uintptr_t 
 extern swig_type_48 _wrap_osft_memory_stats_t_workspace_bytes_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_memory_stats_t_capi_osftrt(void);
 extern void _wrap_delete_osft_memory_stats_t_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_memory_stats_init_capi_osftrt(uintptr_t arg1, swig_type_49 arg2);
 extern swig_intgo _wrap_osft_context_get_memory_stats_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern swig_intgo _wrap_osft_context_reset_peak_memory_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_OSFT_COMM_ENGINE_SELF_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_COMM_ENGINE_MPI_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_COMM_ENGINE_NCCL_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_COMM_ENGINE_CALLBACKS_capi_osftrt(void);
-extern void _wrap_osft_comm_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_49 arg2);
-extern swig_type_50 _wrap_osft_comm_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_50 arg2);
+extern swig_type_51 _wrap_osft_comm_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_comm_options_t_timeout_seconds_set_capi_osftrt(uintptr_t arg1, double arg2);
 extern double _wrap_osft_comm_options_t_timeout_seconds_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_comm_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_comm_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_comm_options_init_capi_osftrt(uintptr_t arg1, swig_type_51 arg2);
+extern swig_intgo _wrap_osft_comm_options_init_capi_osftrt(uintptr_t arg1, swig_type_52 arg2);
 extern swig_intgo _wrap_osft_comm_create_self_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_voidp arg3);
-extern swig_intgo _wrap_osft_comm_create_mpi_capi_osftrt(uintptr_t arg1, swig_type_52 arg2, uintptr_t arg3, swig_voidp arg4);
-extern void _wrap_osft_nccl_unique_id_t_internal_set_capi_osftrt(uintptr_t arg1, swig_type_53 arg2);
-extern swig_type_54 _wrap_osft_nccl_unique_id_t_internal_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_comm_create_mpi_capi_osftrt(uintptr_t arg1, swig_type_53 arg2, uintptr_t arg3, swig_voidp arg4);
+extern void _wrap_osft_nccl_unique_id_t_internal_set_capi_osftrt(uintptr_t arg1, swig_type_54 arg2);
+extern swig_type_55 _wrap_osft_nccl_unique_id_t_internal_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_nccl_unique_id_t_capi_osftrt(void);
 extern void _wrap_delete_osft_nccl_unique_id_t_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_comm_nccl_unique_id_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_comm_create_nccl_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_voidp arg4);
 extern swig_intgo _wrap_osft_comm_create_nccl_from_id_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_intgo arg3, swig_intgo arg4, uintptr_t arg5, swig_voidp arg6);
-extern void _wrap_osft_comm_callbacks_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_55 arg2);
-extern swig_type_56 _wrap_osft_comm_callbacks_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_callbacks_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_56 arg2);
+extern swig_type_57 _wrap_osft_comm_callbacks_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_comm_callbacks_t_user_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_comm_callbacks_t_user_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_comm_callbacks_t_rank_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_comm_callbacks_t_rank_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_comm_callbacks_t_size_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_comm_callbacks_t_size_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_callbacks_t_allreduce_sum_set_capi_osftrt(uintptr_t arg1, swig_type_57 arg2);
-extern swig_type_58 _wrap_osft_comm_callbacks_t_allreduce_sum_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_callbacks_t_allgather_set_capi_osftrt(uintptr_t arg1, swig_type_59 arg2);
-extern swig_type_60 _wrap_osft_comm_callbacks_t_allgather_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_callbacks_t_barrier_set_capi_osftrt(uintptr_t arg1, swig_type_61 arg2);
-extern swig_type_62 _wrap_osft_comm_callbacks_t_barrier_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_callbacks_t_release_set_capi_osftrt(uintptr_t arg1, swig_type_63 arg2);
-extern swig_type_64 _wrap_osft_comm_callbacks_t_release_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_callbacks_t_allreduce_sum_set_capi_osftrt(uintptr_t arg1, swig_type_58 arg2);
+extern swig_type_59 _wrap_osft_comm_callbacks_t_allreduce_sum_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_callbacks_t_allgather_set_capi_osftrt(uintptr_t arg1, swig_type_60 arg2);
+extern swig_type_61 _wrap_osft_comm_callbacks_t_allgather_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_callbacks_t_barrier_set_capi_osftrt(uintptr_t arg1, swig_type_62 arg2);
+extern swig_type_63 _wrap_osft_comm_callbacks_t_barrier_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_callbacks_t_release_set_capi_osftrt(uintptr_t arg1, swig_type_64 arg2);
+extern swig_type_65 _wrap_osft_comm_callbacks_t_release_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_comm_callbacks_t_capi_osftrt(void);
 extern void _wrap_delete_osft_comm_callbacks_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_comm_callbacks_init_capi_osftrt(uintptr_t arg1, swig_type_65 arg2);
+extern swig_intgo _wrap_osft_comm_callbacks_init_capi_osftrt(uintptr_t arg1, swig_type_66 arg2);
 extern swig_intgo _wrap_osft_comm_create_callbacks_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_voidp arg4);
 extern swig_intgo _wrap_osft_comm_destroy_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_comm_get_info_capi_osftrt(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4);
 extern swig_intgo _wrap_osft_comm_allreduce_sum_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
-extern swig_intgo _wrap_osft_comm_allgather_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_voidp arg4, swig_type_66 arg5);
+extern swig_intgo _wrap_osft_comm_allgather_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_voidp arg4, swig_type_67 arg5);
 extern swig_intgo _wrap_osft_comm_barrier_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_stats_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_67 arg2);
-extern swig_type_68 _wrap_osft_comm_stats_t_struct_size_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_stats_t_allreduce_calls_set_capi_osftrt(uintptr_t arg1, swig_type_69 arg2);
-extern swig_type_70 _wrap_osft_comm_stats_t_allreduce_calls_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_stats_t_allgather_calls_set_capi_osftrt(uintptr_t arg1, swig_type_71 arg2);
-extern swig_type_72 _wrap_osft_comm_stats_t_allgather_calls_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_stats_t_barrier_calls_set_capi_osftrt(uintptr_t arg1, swig_type_73 arg2);
-extern swig_type_74 _wrap_osft_comm_stats_t_barrier_calls_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_stats_t_allreduce_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_75 arg2);
-extern swig_type_76 _wrap_osft_comm_stats_t_allreduce_bytes_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_stats_t_allgather_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_77 arg2);
-extern swig_type_78 _wrap_osft_comm_stats_t_allgather_bytes_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_comm_stats_t_failures_set_capi_osftrt(uintptr_t arg1, swig_type_79 arg2);
-extern swig_type_80 _wrap_osft_comm_stats_t_failures_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_stats_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_68 arg2);
+extern swig_type_69 _wrap_osft_comm_stats_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_stats_t_allreduce_calls_set_capi_osftrt(uintptr_t arg1, swig_type_70 arg2);
+extern swig_type_71 _wrap_osft_comm_stats_t_allreduce_calls_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_stats_t_allgather_calls_set_capi_osftrt(uintptr_t arg1, swig_type_72 arg2);
+extern swig_type_73 _wrap_osft_comm_stats_t_allgather_calls_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_stats_t_barrier_calls_set_capi_osftrt(uintptr_t arg1, swig_type_74 arg2);
+extern swig_type_75 _wrap_osft_comm_stats_t_barrier_calls_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_stats_t_allreduce_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_76 arg2);
+extern swig_type_77 _wrap_osft_comm_stats_t_allreduce_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_stats_t_allgather_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_78 arg2);
+extern swig_type_79 _wrap_osft_comm_stats_t_allgather_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_comm_stats_t_failures_set_capi_osftrt(uintptr_t arg1, swig_type_80 arg2);
+extern swig_type_81 _wrap_osft_comm_stats_t_failures_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_comm_stats_t_capi_osftrt(void);
 extern void _wrap_delete_osft_comm_stats_t_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_comm_stats_init_capi_osftrt(uintptr_t arg1, swig_type_82 arg2);
 extern swig_intgo _wrap_osft_comm_get_stats_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern swig_intgo _wrap_osft_comm_reset_stats_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_OSFT_FLINEAR_AUTO_capi_osftrt(void);
@@ -480,8 +490,8 @@ extern swig_intgo _wrap_OSFT_FACTOR_S_LOW_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FACTOR_V_LOW_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLINEAR_FORWARD_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLINEAR_BACKWARD_capi_osftrt(void);
-extern void _wrap_osft_flinear_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_81 arg2);
-extern swig_type_82 _wrap_osft_flinear_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flinear_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_83 arg2);
+extern swig_type_84 _wrap_osft_flinear_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flinear_options_t_rank_ratio_set_capi_osftrt(uintptr_t arg1, double arg2);
 extern double _wrap_osft_flinear_options_t_rank_ratio_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flinear_options_t_strategy_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
@@ -490,10 +500,10 @@ extern void _wrap_osft_flinear_options_t_factor_dtype_set_capi_osftrt(uintptr_t 
 extern uintptr_t _wrap_osft_flinear_options_t_factor_dtype_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flinear_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flinear_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_flinear_options_init_capi_osftrt(uintptr_t arg1, swig_type_83 arg2);
+extern swig_intgo _wrap_osft_flinear_options_init_capi_osftrt(uintptr_t arg1, swig_type_85 arg2);
 extern swig_intgo _wrap_osft_flinear_create_from_weight_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_voidp arg4);
-extern void _wrap_osft_flinear_factors_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_84 arg2);
-extern swig_type_85 _wrap_osft_flinear_factors_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flinear_factors_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_86 arg2);
+extern swig_type_87 _wrap_osft_flinear_factors_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flinear_factors_t_u_high_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flinear_factors_t_u_high_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flinear_factors_t_s_high_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -508,16 +518,16 @@ extern void _wrap_osft_flinear_factors_t_v_low_set_capi_osftrt(uintptr_t arg1, u
 extern uintptr_t _wrap_osft_flinear_factors_t_v_low_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flinear_factors_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flinear_factors_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_flinear_factors_init_capi_osftrt(uintptr_t arg1, swig_type_86 arg2);
+extern swig_intgo _wrap_osft_flinear_factors_init_capi_osftrt(uintptr_t arg1, swig_type_88 arg2);
 extern swig_intgo _wrap_osft_flinear_create_from_factors_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_voidp arg4);
 extern swig_intgo _wrap_osft_flinear_destroy_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_flinear_get_dims_capi_osftrt(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5);
 extern swig_intgo _wrap_osft_flinear_get_factor_capi_osftrt(uintptr_t arg1, swig_intgo arg2, uintptr_t arg3);
 extern swig_intgo _wrap_osft_flinear_set_strategy_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
-extern swig_intgo _wrap_osft_flinear_choose_strategy_capi_osftrt(uintptr_t arg1, swig_type_87 arg2, swig_intgo arg3, swig_voidp arg4);
+extern swig_intgo _wrap_osft_flinear_choose_strategy_capi_osftrt(uintptr_t arg1, swig_type_89 arg2, swig_intgo arg3, swig_voidp arg4);
 extern swig_intgo _wrap_osft_flinear_forward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4);
-extern void _wrap_osft_flinear_grads_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_88 arg2);
-extern swig_type_89 _wrap_osft_flinear_grads_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flinear_grads_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_90 arg2);
+extern swig_type_91 _wrap_osft_flinear_grads_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flinear_grads_t_grad_x_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flinear_grads_t_grad_x_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flinear_grads_t_grad_u_low_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -538,7 +548,7 @@ extern swig_intgo _wrap_OSFT_FLINEAR_ACCUMULATE_GRAD_S_LOW_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLINEAR_ACCUMULATE_GRAD_V_LOW_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLINEAR_ACCUMULATE_GRAD_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLINEAR_ACCUMULATE_ALL_capi_osftrt(void);
-extern swig_intgo _wrap_osft_flinear_grads_init_capi_osftrt(uintptr_t arg1, swig_type_90 arg2);
+extern swig_intgo _wrap_osft_flinear_grads_init_capi_osftrt(uintptr_t arg1, swig_type_92 arg2);
 extern swig_intgo _wrap_osft_flinear_backward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4);
 extern swig_intgo _wrap_osft_flinear_merge_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern swig_intgo _wrap_osft_flinear_redecompose_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -551,19 +561,19 @@ extern swig_intgo _wrap_OSFT_PROJECTION_ARITHMETIC_AUTO_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_PROJECTION_ARITHMETIC_EXACT_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_PROJECTION_ARITHMETIC_FP32_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_PROJECTION_ARITHMETIC_BF16_capi_osftrt(void);
-extern void _wrap_osft_projector_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_91 arg2);
-extern swig_type_92 _wrap_osft_projector_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_93 arg2);
+extern swig_type_94 _wrap_osft_projector_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projector_options_t_check_consistency_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_projector_options_t_check_consistency_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projector_options_t_arithmetic_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_projector_options_t_arithmetic_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_projector_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_projector_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_projector_options_init_capi_osftrt(uintptr_t arg1, swig_type_93 arg2);
+extern swig_intgo _wrap_osft_projector_options_init_capi_osftrt(uintptr_t arg1, swig_type_95 arg2);
 extern swig_intgo _wrap_osft_projector_create_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_voidp arg4);
 extern swig_intgo _wrap_osft_projector_destroy_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projection_target_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_94 arg2);
-extern swig_type_95 _wrap_osft_projection_target_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projection_target_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_96 arg2);
+extern swig_type_97 _wrap_osft_projection_target_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_u_high_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_projection_target_t_u_high_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_grad_u_low_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -574,8 +584,8 @@ extern void _wrap_osft_projection_target_t_u_layout_set_capi_osftrt(uintptr_t ar
 extern swig_intgo _wrap_osft_projection_target_t_u_layout_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_u_shards_set_capi_osftrt(uintptr_t arg1, swig_voidp arg2);
 extern swig_voidp _wrap_osft_projection_target_t_u_shards_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projection_target_t_n_u_shards_set_capi_osftrt(uintptr_t arg1, swig_type_96 arg2);
-extern swig_type_97 _wrap_osft_projection_target_t_n_u_shards_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projection_target_t_n_u_shards_set_capi_osftrt(uintptr_t arg1, swig_type_98 arg2);
+extern swig_type_99 _wrap_osft_projection_target_t_n_u_shards_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_v_high_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_projection_target_t_v_high_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_grad_v_low_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -586,45 +596,46 @@ extern void _wrap_osft_projection_target_t_v_layout_set_capi_osftrt(uintptr_t ar
 extern swig_intgo _wrap_osft_projection_target_t_v_layout_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_v_shards_set_capi_osftrt(uintptr_t arg1, swig_voidp arg2);
 extern swig_voidp _wrap_osft_projection_target_t_v_shards_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projection_target_t_n_v_shards_set_capi_osftrt(uintptr_t arg1, swig_type_98 arg2);
-extern swig_type_99 _wrap_osft_projection_target_t_n_v_shards_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projection_target_t_n_v_shards_set_capi_osftrt(uintptr_t arg1, swig_type_100 arg2);
+extern swig_type_101 _wrap_osft_projection_target_t_n_v_shards_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_projection_target_t_capi_osftrt(void);
 extern void _wrap_delete_osft_projection_target_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_projection_target_init_capi_osftrt(uintptr_t arg1, swig_type_100 arg2);
+extern swig_intgo _wrap_osft_projection_target_init_capi_osftrt(uintptr_t arg1, swig_type_102 arg2);
 extern swig_intgo _wrap_osft_projector_add_target_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_voidp arg3);
 extern swig_intgo _wrap_osft_projector_add_layer_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4, swig_voidp arg5);
-extern swig_intgo _wrap_osft_projector_set_grads_capi_osftrt(uintptr_t arg1, swig_type_101 arg2, uintptr_t arg3, uintptr_t arg4);
+extern swig_intgo _wrap_osft_projector_set_grads_capi_osftrt(uintptr_t arg1, swig_type_103 arg2, uintptr_t arg3, uintptr_t arg4);
 extern swig_intgo _wrap_osft_projector_prepare_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_projector_invalidate_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_projector_project_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_projector_project_params_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_projector_orthogonality_capi_osftrt(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3);
-extern void _wrap_osft_projector_info_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_102 arg2);
-extern swig_type_103 _wrap_osft_projector_info_t_struct_size_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_targets_set_capi_osftrt(uintptr_t arg1, swig_type_104 arg2);
-extern swig_type_105 _wrap_osft_projector_info_t_targets_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_reduced_elements_set_capi_osftrt(uintptr_t arg1, swig_type_106 arg2);
-extern swig_type_107 _wrap_osft_projector_info_t_reduced_elements_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_collectives_per_project_set_capi_osftrt(uintptr_t arg1, swig_type_108 arg2);
-extern swig_type_109 _wrap_osft_projector_info_t_collectives_per_project_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_coefficient_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_110 arg2);
-extern swig_type_111 _wrap_osft_projector_info_t_coefficient_bytes_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_gathered_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_112 arg2);
-extern swig_type_113 _wrap_osft_projector_info_t_gathered_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_104 arg2);
+extern swig_type_105 _wrap_osft_projector_info_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_targets_set_capi_osftrt(uintptr_t arg1, swig_type_106 arg2);
+extern swig_type_107 _wrap_osft_projector_info_t_targets_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_reduced_elements_set_capi_osftrt(uintptr_t arg1, swig_type_108 arg2);
+extern swig_type_109 _wrap_osft_projector_info_t_reduced_elements_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_collectives_per_project_set_capi_osftrt(uintptr_t arg1, swig_type_110 arg2);
+extern swig_type_111 _wrap_osft_projector_info_t_collectives_per_project_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_coefficient_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_112 arg2);
+extern swig_type_113 _wrap_osft_projector_info_t_coefficient_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_gathered_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_114 arg2);
+extern swig_type_115 _wrap_osft_projector_info_t_gathered_bytes_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projector_info_t_setup_pending_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_projector_info_t_setup_pending_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_last_gemms_set_capi_osftrt(uintptr_t arg1, swig_type_114 arg2);
-extern swig_type_115 _wrap_osft_projector_info_t_last_gemms_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_last_gemm_calls_set_capi_osftrt(uintptr_t arg1, swig_type_116 arg2);
-extern swig_type_117 _wrap_osft_projector_info_t_last_gemm_calls_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_last_elementwise_calls_set_capi_osftrt(uintptr_t arg1, swig_type_118 arg2);
-extern swig_type_119 _wrap_osft_projector_info_t_last_elementwise_calls_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_last_collectives_set_capi_osftrt(uintptr_t arg1, swig_type_120 arg2);
-extern swig_type_121 _wrap_osft_projector_info_t_last_collectives_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_last_host_waits_set_capi_osftrt(uintptr_t arg1, swig_type_122 arg2);
-extern swig_type_123 _wrap_osft_projector_info_t_last_host_waits_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_last_gemms_set_capi_osftrt(uintptr_t arg1, swig_type_116 arg2);
+extern swig_type_117 _wrap_osft_projector_info_t_last_gemms_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_last_gemm_calls_set_capi_osftrt(uintptr_t arg1, swig_type_118 arg2);
+extern swig_type_119 _wrap_osft_projector_info_t_last_gemm_calls_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_last_elementwise_calls_set_capi_osftrt(uintptr_t arg1, swig_type_120 arg2);
+extern swig_type_121 _wrap_osft_projector_info_t_last_elementwise_calls_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_last_collectives_set_capi_osftrt(uintptr_t arg1, swig_type_122 arg2);
+extern swig_type_123 _wrap_osft_projector_info_t_last_collectives_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_last_host_waits_set_capi_osftrt(uintptr_t arg1, swig_type_124 arg2);
+extern swig_type_125 _wrap_osft_projector_info_t_last_host_waits_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_projector_info_t_capi_osftrt(void);
 extern void _wrap_delete_osft_projector_info_t_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_projector_info_init_capi_osftrt(uintptr_t arg1, swig_type_126 arg2);
 extern swig_intgo _wrap_osft_projector_get_info_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern swig_intgo _wrap_OSFT_MLP_SWIGLU_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_GEGLU_TANH_capi_osftrt(void);
@@ -636,8 +647,8 @@ extern swig_intgo _wrap_OSFT_MLP_RELU_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_TILING_AUTO_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_TILING_TOKENS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_TILING_BUDGET_capi_osftrt(void);
-extern void _wrap_osft_mlp_weights_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_124 arg2);
-extern swig_type_125 _wrap_osft_mlp_weights_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_mlp_weights_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_127 arg2);
+extern swig_type_128 _wrap_osft_mlp_weights_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_weights_t_gate_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_mlp_weights_t_gate_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_weights_t_up_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -658,26 +669,26 @@ extern void _wrap_osft_mlp_weights_t_down_bias_set_capi_osftrt(uintptr_t arg1, u
 extern uintptr_t _wrap_osft_mlp_weights_t_down_bias_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_mlp_weights_t_capi_osftrt(void);
 extern void _wrap_delete_osft_mlp_weights_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_mlp_weights_init_capi_osftrt(uintptr_t arg1, swig_type_126 arg2);
-extern void _wrap_osft_mlp_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_127 arg2);
-extern swig_type_128 _wrap_osft_mlp_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_mlp_weights_init_capi_osftrt(uintptr_t arg1, swig_type_129 arg2);
+extern void _wrap_osft_mlp_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_130 arg2);
+extern swig_type_131 _wrap_osft_mlp_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_options_t_tiling_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_mlp_options_t_tiling_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_mlp_options_t_tile_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_129 arg2);
-extern swig_type_130 _wrap_osft_mlp_options_t_tile_tokens_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_mlp_options_t_memory_budget_set_capi_osftrt(uintptr_t arg1, swig_type_131 arg2);
-extern swig_type_132 _wrap_osft_mlp_options_t_memory_budget_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_mlp_options_t_tile_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_132 arg2);
+extern swig_type_133 _wrap_osft_mlp_options_t_tile_tokens_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_mlp_options_t_memory_budget_set_capi_osftrt(uintptr_t arg1, swig_type_134 arg2);
+extern swig_type_135 _wrap_osft_mlp_options_t_memory_budget_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_options_t_dtype_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_mlp_options_t_dtype_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_mlp_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_mlp_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_mlp_options_init_capi_osftrt(uintptr_t arg1, swig_type_133 arg2);
-extern swig_intgo _wrap_osft_mlp_create_capi_osftrt(uintptr_t arg1, swig_intgo arg2, swig_type_134 arg3, swig_type_135 arg4, uintptr_t arg5, uintptr_t arg6, swig_voidp arg7);
+extern swig_intgo _wrap_osft_mlp_options_init_capi_osftrt(uintptr_t arg1, swig_type_136 arg2);
+extern swig_intgo _wrap_osft_mlp_create_capi_osftrt(uintptr_t arg1, swig_intgo arg2, swig_type_137 arg3, swig_type_138 arg4, uintptr_t arg5, uintptr_t arg6, swig_voidp arg7);
 extern swig_intgo _wrap_osft_mlp_destroy_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_mlp_get_tile_count_capi_osftrt(uintptr_t arg1, swig_type_136 arg2, swig_voidp arg3, swig_voidp arg4);
-extern swig_intgo _wrap_osft_mlp_forward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_type_137 arg4);
-extern void _wrap_osft_mlp_grads_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_138 arg2);
-extern swig_type_139 _wrap_osft_mlp_grads_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_mlp_get_tile_count_capi_osftrt(uintptr_t arg1, swig_type_139 arg2, swig_voidp arg3, swig_voidp arg4);
+extern swig_intgo _wrap_osft_mlp_forward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_type_140 arg4);
+extern void _wrap_osft_mlp_grads_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_141 arg2);
+extern swig_type_142 _wrap_osft_mlp_grads_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_grads_t_grad_x_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_mlp_grads_t_grad_x_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_grads_t_grad_gate_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -710,8 +721,8 @@ extern swig_intgo _wrap_OSFT_MLP_ACCUMULATE_GRAD_GATE_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_ACCUMULATE_GRAD_UP_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_ACCUMULATE_GRAD_DOWN_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_ACCUMULATE_ALL_capi_osftrt(void);
-extern swig_intgo _wrap_osft_mlp_grads_init_capi_osftrt(uintptr_t arg1, swig_type_140 arg2);
-extern swig_intgo _wrap_osft_mlp_backward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4, swig_type_141 arg5);
+extern swig_intgo _wrap_osft_mlp_grads_init_capi_osftrt(uintptr_t arg1, swig_type_143 arg2);
+extern swig_intgo _wrap_osft_mlp_backward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4, swig_type_144 arg5);
 extern swig_intgo _wrap_OSFT_FLCE_MEAN_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_SUM_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_NONE_capi_osftrt(void);
@@ -720,10 +731,10 @@ extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATOR_OUTPUT_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_CHUNKING_AUTO_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_CHUNKING_TOKENS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_CHUNKING_VOCAB_capi_osftrt(void);
-extern void _wrap_osft_flce_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_142 arg2);
-extern swig_type_143 _wrap_osft_flce_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_ignore_index_set_capi_osftrt(uintptr_t arg1, swig_type_144 arg2);
-extern swig_type_145 _wrap_osft_flce_options_t_ignore_index_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_145 arg2);
+extern swig_type_146 _wrap_osft_flce_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_ignore_index_set_capi_osftrt(uintptr_t arg1, swig_type_147 arg2);
+extern swig_type_148 _wrap_osft_flce_options_t_ignore_index_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_label_smoothing_set_capi_osftrt(uintptr_t arg1, double arg2);
 extern double _wrap_osft_flce_options_t_label_smoothing_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_z_loss_scale_set_capi_osftrt(uintptr_t arg1, double arg2);
@@ -734,30 +745,30 @@ extern void _wrap_osft_flce_options_t_reduction_set_capi_osftrt(uintptr_t arg1, 
 extern swig_intgo _wrap_osft_flce_options_t_reduction_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_accumulator_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_flce_options_t_accumulator_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_memory_budget_set_capi_osftrt(uintptr_t arg1, swig_type_146 arg2);
-extern swig_type_147 _wrap_osft_flce_options_t_memory_budget_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_chunk_rows_set_capi_osftrt(uintptr_t arg1, swig_type_148 arg2);
-extern swig_type_149 _wrap_osft_flce_options_t_chunk_rows_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_memory_budget_set_capi_osftrt(uintptr_t arg1, swig_type_149 arg2);
+extern swig_type_150 _wrap_osft_flce_options_t_memory_budget_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_chunk_rows_set_capi_osftrt(uintptr_t arg1, swig_type_151 arg2);
+extern swig_type_152 _wrap_osft_flce_options_t_chunk_rows_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_comm_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flce_options_t_comm_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_vocab_offset_set_capi_osftrt(uintptr_t arg1, swig_type_150 arg2);
-extern swig_type_151 _wrap_osft_flce_options_t_vocab_offset_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_vocab_size_global_set_capi_osftrt(uintptr_t arg1, swig_type_152 arg2);
-extern swig_type_153 _wrap_osft_flce_options_t_vocab_size_global_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_vocab_offset_set_capi_osftrt(uintptr_t arg1, swig_type_153 arg2);
+extern swig_type_154 _wrap_osft_flce_options_t_vocab_offset_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_vocab_size_global_set_capi_osftrt(uintptr_t arg1, swig_type_155 arg2);
+extern swig_type_156 _wrap_osft_flce_options_t_vocab_size_global_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_device_target_check_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_flce_options_t_device_target_check_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_chunking_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_flce_options_t_chunking_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_slice_cols_set_capi_osftrt(uintptr_t arg1, swig_type_154 arg2);
-extern swig_type_155 _wrap_osft_flce_options_t_slice_cols_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_slice_cols_set_capi_osftrt(uintptr_t arg1, swig_type_157 arg2);
+extern swig_type_158 _wrap_osft_flce_options_t_slice_cols_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flce_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flce_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_flce_options_init_capi_osftrt(uintptr_t arg1, swig_type_156 arg2);
+extern swig_intgo _wrap_osft_flce_options_init_capi_osftrt(uintptr_t arg1, swig_type_159 arg2);
 extern swig_intgo _wrap_osft_flce_create_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_voidp arg3);
 extern swig_intgo _wrap_osft_flce_destroy_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_flce_get_options_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
-extern void _wrap_osft_flce_inputs_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_157 arg2);
-extern swig_type_158 _wrap_osft_flce_inputs_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_inputs_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_160 arg2);
+extern swig_type_161 _wrap_osft_flce_inputs_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_inputs_t_x_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flce_inputs_t_x_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_inputs_t_weight_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -772,9 +783,9 @@ extern void _wrap_osft_flce_inputs_t_grad_loss_set_capi_osftrt(uintptr_t arg1, u
 extern uintptr_t _wrap_osft_flce_inputs_t_grad_loss_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flce_inputs_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flce_inputs_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_flce_inputs_init_capi_osftrt(uintptr_t arg1, swig_type_159 arg2);
-extern void _wrap_osft_flce_outputs_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_160 arg2);
-extern swig_type_161 _wrap_osft_flce_outputs_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_flce_inputs_init_capi_osftrt(uintptr_t arg1, swig_type_162 arg2);
+extern void _wrap_osft_flce_outputs_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_163 arg2);
+extern swig_type_164 _wrap_osft_flce_outputs_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_outputs_t_loss_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flce_outputs_t_loss_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_outputs_t_grad_x_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -799,35 +810,36 @@ extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATE_GRAD_X_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATE_GRAD_WEIGHT_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATE_GRAD_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATE_ALL_capi_osftrt(void);
-extern swig_intgo _wrap_osft_flce_outputs_init_capi_osftrt(uintptr_t arg1, swig_type_162 arg2);
+extern swig_intgo _wrap_osft_flce_outputs_init_capi_osftrt(uintptr_t arg1, swig_type_165 arg2);
 extern swig_intgo _wrap_osft_flce_compute_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3);
 extern swig_intgo _wrap_osft_flce_check_targets_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_163 arg2);
-extern swig_type_164 _wrap_osft_flce_plan_t_struct_size_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_165 arg2);
-extern swig_type_166 _wrap_osft_flce_plan_t_tokens_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_chunk_rows_set_capi_osftrt(uintptr_t arg1, swig_type_167 arg2);
-extern swig_type_168 _wrap_osft_flce_plan_t_chunk_rows_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_chunks_set_capi_osftrt(uintptr_t arg1, swig_type_169 arg2);
-extern swig_type_170 _wrap_osft_flce_plan_t_chunks_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_scratch_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_171 arg2);
-extern swig_type_172 _wrap_osft_flce_plan_t_scratch_bytes_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_budget_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_173 arg2);
-extern swig_type_174 _wrap_osft_flce_plan_t_budget_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_166 arg2);
+extern swig_type_167 _wrap_osft_flce_plan_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_168 arg2);
+extern swig_type_169 _wrap_osft_flce_plan_t_tokens_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_chunk_rows_set_capi_osftrt(uintptr_t arg1, swig_type_170 arg2);
+extern swig_type_171 _wrap_osft_flce_plan_t_chunk_rows_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_chunks_set_capi_osftrt(uintptr_t arg1, swig_type_172 arg2);
+extern swig_type_173 _wrap_osft_flce_plan_t_chunks_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_scratch_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_174 arg2);
+extern swig_type_175 _wrap_osft_flce_plan_t_scratch_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_budget_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_176 arg2);
+extern swig_type_177 _wrap_osft_flce_plan_t_budget_bytes_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_plan_t_chunking_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_flce_plan_t_chunking_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_slices_set_capi_osftrt(uintptr_t arg1, swig_type_175 arg2);
-extern swig_type_176 _wrap_osft_flce_plan_t_slices_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_slice_cols_set_capi_osftrt(uintptr_t arg1, swig_type_177 arg2);
-extern swig_type_178 _wrap_osft_flce_plan_t_slice_cols_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_slices_set_capi_osftrt(uintptr_t arg1, swig_type_178 arg2);
+extern swig_type_179 _wrap_osft_flce_plan_t_slices_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_slice_cols_set_capi_osftrt(uintptr_t arg1, swig_type_180 arg2);
+extern swig_type_181 _wrap_osft_flce_plan_t_slice_cols_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flce_plan_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flce_plan_t_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_flce_plan_init_capi_osftrt(uintptr_t arg1, swig_type_182 arg2);
 extern swig_intgo _wrap_osft_flce_get_plan_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4);
 extern swig_intgo _wrap_OSFT_QR_HOUSEHOLDER_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_QR_CHOLESKY_QR2_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_QR_CHOLESKY_TF32_capi_osftrt(void);
-extern void _wrap_osft_qr_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_179 arg2);
-extern swig_type_180 _wrap_osft_qr_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_qr_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_183 arg2);
+extern swig_type_184 _wrap_osft_qr_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_qr_options_t_method_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_qr_options_t_method_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_qr_options_t_orthogonality_threshold_set_capi_osftrt(uintptr_t arg1, double arg2);
@@ -838,9 +850,9 @@ extern void _wrap_osft_qr_options_t_max_concurrency_set_capi_osftrt(uintptr_t ar
 extern swig_intgo _wrap_osft_qr_options_t_max_concurrency_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_qr_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_qr_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_qr_options_init_capi_osftrt(uintptr_t arg1, swig_type_181 arg2);
-extern swig_intgo _wrap_osft_qr_batch_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_type_182 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6, swig_voidp arg7);
-extern swig_intgo _wrap_osft_qr_power_iteration_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_type_183 arg3, uintptr_t arg4, uintptr_t arg5, swig_intgo arg6, swig_voidp arg7);
+extern swig_intgo _wrap_osft_qr_options_init_capi_osftrt(uintptr_t arg1, swig_type_185 arg2);
+extern swig_intgo _wrap_osft_qr_batch_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_type_186 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6, swig_voidp arg7);
+extern swig_intgo _wrap_osft_qr_power_iteration_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_type_187 arg3, uintptr_t arg4, uintptr_t arg5, swig_intgo arg6, swig_voidp arg7);
 #undef intgo
 */
 import "C"
@@ -999,6 +1011,34 @@ func OSFT_QR_OPTIONS_INIT(arg1 Osft_qr_options_t) (_swig_ret Enum_SS_osft_status
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	swig_r = (Enum_SS_osft_status_e)(C._wrap_OSFT_QR_OPTIONS_INIT_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func OSFT_MEMORY_STATS_INIT(arg1 Osft_memory_stats_t) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := getSwigcptr(arg1)
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_OSFT_MEMORY_STATS_INIT_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func OSFT_COMM_STATS_INIT(arg1 Osft_comm_stats_t) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := getSwigcptr(arg1)
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_OSFT_COMM_STATS_INIT_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func OSFT_FLCE_PLAN_INIT(arg1 Osft_flce_plan_t) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := getSwigcptr(arg1)
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_OSFT_FLCE_PLAN_INIT_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func OSFT_PROJECTOR_INFO_INIT(arg1 Osft_projector_info_t) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := getSwigcptr(arg1)
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_OSFT_PROJECTOR_INFO_INIT_capi_osftrt(C.uintptr_t(_swig_i_0)))
 	return swig_r
 }
 
@@ -2448,6 +2488,14 @@ type Osft_memory_stats_t interface {
 	GetWorkspace_bytes() (_swig_ret uint64)
 }
 
+func Osft_memory_stats_init(arg1 Osft_memory_stats_t, arg2 int64) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_memory_stats_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_49(_swig_i_1)))
+	return swig_r
+}
+
 func Osft_context_get_memory_stats(arg1 uintptr, arg2 Osft_memory_stats_t) (_swig_ret Enum_SS_osft_status_e) {
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := arg1
@@ -2509,7 +2557,7 @@ func (p SwigcptrOsft_comm_options_t) SwigIsOsft_comm_options_t() {
 func (arg1 SwigcptrOsft_comm_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_49(_swig_i_1))
+	C._wrap_osft_comm_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_50(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_options_t) GetStruct_size() (_swig_ret int64) {
@@ -2556,7 +2604,7 @@ func Osft_comm_options_init(arg1 Osft_comm_options_t, arg2 int64) (_swig_ret Enu
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_51(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_52(_swig_i_1)))
 	return swig_r
 }
 
@@ -2575,7 +2623,7 @@ func Osft_comm_create_mpi(arg1 uintptr, arg2 int64, arg3 Osft_comm_options_t, ar
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
 	_swig_i_3 := arg4
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_create_mpi_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_52(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_create_mpi_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_53(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_voidp(_swig_i_3)))
 	return swig_r
 }
 
@@ -2593,7 +2641,7 @@ func (p SwigcptrOsft_nccl_unique_id_t) SwigIsOsft_nccl_unique_id_t() {
 func (arg1 SwigcptrOsft_nccl_unique_id_t) SetInternal(arg2 string) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_nccl_unique_id_t_internal_set_capi_osftrt(C.uintptr_t(_swig_i_0), *(*C.swig_type_53)(unsafe.Pointer(&_swig_i_1)))
+	C._wrap_osft_nccl_unique_id_t_internal_set_capi_osftrt(C.uintptr_t(_swig_i_0), *(*C.swig_type_54)(unsafe.Pointer(&_swig_i_1)))
 	if Swig_escape_always_false {
 		Swig_escape_val = arg2
 	}
@@ -2668,7 +2716,7 @@ func (p SwigcptrOsft_comm_callbacks_t) SwigIsOsft_comm_callbacks_t() {
 func (arg1 SwigcptrOsft_comm_callbacks_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_callbacks_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_55(_swig_i_1))
+	C._wrap_osft_comm_callbacks_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_56(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_callbacks_t) GetStruct_size() (_swig_ret int64) {
@@ -2720,7 +2768,7 @@ func (arg1 SwigcptrOsft_comm_callbacks_t) GetSize() (_swig_ret int) {
 func (arg1 SwigcptrOsft_comm_callbacks_t) SetAllreduce_sum(arg2 _swig_fnptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_callbacks_t_allreduce_sum_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_57(_swig_i_1))
+	C._wrap_osft_comm_callbacks_t_allreduce_sum_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_58(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_callbacks_t) GetAllreduce_sum() (_swig_ret _swig_fnptr) {
@@ -2733,7 +2781,7 @@ func (arg1 SwigcptrOsft_comm_callbacks_t) GetAllreduce_sum() (_swig_ret _swig_fn
 func (arg1 SwigcptrOsft_comm_callbacks_t) SetAllgather(arg2 _swig_fnptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_callbacks_t_allgather_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_59(_swig_i_1))
+	C._wrap_osft_comm_callbacks_t_allgather_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_60(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_callbacks_t) GetAllgather() (_swig_ret _swig_fnptr) {
@@ -2746,7 +2794,7 @@ func (arg1 SwigcptrOsft_comm_callbacks_t) GetAllgather() (_swig_ret _swig_fnptr)
 func (arg1 SwigcptrOsft_comm_callbacks_t) SetBarrier(arg2 _swig_fnptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_callbacks_t_barrier_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_61(_swig_i_1))
+	C._wrap_osft_comm_callbacks_t_barrier_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_62(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_callbacks_t) GetBarrier() (_swig_ret _swig_fnptr) {
@@ -2759,7 +2807,7 @@ func (arg1 SwigcptrOsft_comm_callbacks_t) GetBarrier() (_swig_ret _swig_fnptr) {
 func (arg1 SwigcptrOsft_comm_callbacks_t) SetRelease(arg2 _swig_fnptr) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_callbacks_t_release_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_63(_swig_i_1))
+	C._wrap_osft_comm_callbacks_t_release_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_64(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_callbacks_t) GetRelease() (_swig_ret _swig_fnptr) {
@@ -2805,7 +2853,7 @@ func Osft_comm_callbacks_init(arg1 Osft_comm_callbacks_t, arg2 int64) (_swig_ret
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_callbacks_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_65(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_callbacks_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_66(_swig_i_1)))
 	return swig_r
 }
 
@@ -2851,7 +2899,7 @@ func Osft_comm_allgather(arg1 uintptr, arg2 DLTensor, arg3 DLTensor, arg4 *int64
 	_swig_i_2 := getSwigcptr(arg3)
 	_swig_i_3 := arg4
 	_swig_i_4 := arg5
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_allgather_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_type_66(_swig_i_4)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_allgather_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_type_67(_swig_i_4)))
 	return swig_r
 }
 
@@ -2874,7 +2922,7 @@ func (p SwigcptrOsft_comm_stats_t) SwigIsOsft_comm_stats_t() {
 func (arg1 SwigcptrOsft_comm_stats_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_stats_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_67(_swig_i_1))
+	C._wrap_osft_comm_stats_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_68(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_stats_t) GetStruct_size() (_swig_ret int64) {
@@ -2887,7 +2935,7 @@ func (arg1 SwigcptrOsft_comm_stats_t) GetStruct_size() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_comm_stats_t) SetAllreduce_calls(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_stats_t_allreduce_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_69(_swig_i_1))
+	C._wrap_osft_comm_stats_t_allreduce_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_70(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_stats_t) GetAllreduce_calls() (_swig_ret uint64) {
@@ -2900,7 +2948,7 @@ func (arg1 SwigcptrOsft_comm_stats_t) GetAllreduce_calls() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_comm_stats_t) SetAllgather_calls(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_stats_t_allgather_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_71(_swig_i_1))
+	C._wrap_osft_comm_stats_t_allgather_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_72(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_stats_t) GetAllgather_calls() (_swig_ret uint64) {
@@ -2913,7 +2961,7 @@ func (arg1 SwigcptrOsft_comm_stats_t) GetAllgather_calls() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_comm_stats_t) SetBarrier_calls(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_stats_t_barrier_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_73(_swig_i_1))
+	C._wrap_osft_comm_stats_t_barrier_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_74(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_stats_t) GetBarrier_calls() (_swig_ret uint64) {
@@ -2926,7 +2974,7 @@ func (arg1 SwigcptrOsft_comm_stats_t) GetBarrier_calls() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_comm_stats_t) SetAllreduce_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_stats_t_allreduce_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_75(_swig_i_1))
+	C._wrap_osft_comm_stats_t_allreduce_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_76(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_stats_t) GetAllreduce_bytes() (_swig_ret uint64) {
@@ -2939,7 +2987,7 @@ func (arg1 SwigcptrOsft_comm_stats_t) GetAllreduce_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_comm_stats_t) SetAllgather_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_stats_t_allgather_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_77(_swig_i_1))
+	C._wrap_osft_comm_stats_t_allgather_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_78(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_stats_t) GetAllgather_bytes() (_swig_ret uint64) {
@@ -2952,7 +3000,7 @@ func (arg1 SwigcptrOsft_comm_stats_t) GetAllgather_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_comm_stats_t) SetFailures(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_comm_stats_t_failures_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_79(_swig_i_1))
+	C._wrap_osft_comm_stats_t_failures_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_80(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_comm_stats_t) GetFailures() (_swig_ret uint64) {
@@ -2990,6 +3038,14 @@ type Osft_comm_stats_t interface {
 	GetAllgather_bytes() (_swig_ret uint64)
 	SetFailures(arg2 uint64)
 	GetFailures() (_swig_ret uint64)
+}
+
+func Osft_comm_stats_init(arg1 Osft_comm_stats_t, arg2 int64) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_comm_stats_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_82(_swig_i_1)))
+	return swig_r
 }
 
 func Osft_comm_get_stats(arg1 uintptr, arg2 Osft_comm_stats_t) (_swig_ret Enum_SS_osft_status_e) {
@@ -3113,7 +3169,7 @@ func (p SwigcptrOsft_flinear_options_t) SwigIsOsft_flinear_options_t() {
 func (arg1 SwigcptrOsft_flinear_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flinear_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_81(_swig_i_1))
+	C._wrap_osft_flinear_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_83(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flinear_options_t) GetStruct_size() (_swig_ret int64) {
@@ -3190,7 +3246,7 @@ func Osft_flinear_options_init(arg1 Osft_flinear_options_t, arg2 int64) (_swig_r
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_83(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_85(_swig_i_1)))
 	return swig_r
 }
 
@@ -3216,7 +3272,7 @@ func (p SwigcptrOsft_flinear_factors_t) SwigIsOsft_flinear_factors_t() {
 func (arg1 SwigcptrOsft_flinear_factors_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flinear_factors_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_84(_swig_i_1))
+	C._wrap_osft_flinear_factors_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_86(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flinear_factors_t) GetStruct_size() (_swig_ret int64) {
@@ -3338,7 +3394,7 @@ func Osft_flinear_factors_init(arg1 Osft_flinear_factors_t, arg2 int64) (_swig_r
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_factors_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_86(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_factors_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_88(_swig_i_1)))
 	return swig_r
 }
 
@@ -3393,7 +3449,7 @@ func Osft_flinear_choose_strategy(arg1 uintptr, arg2 int64, arg3 Enum_SS_osft_fl
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_choose_strategy_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_87(_swig_i_1), C.swig_intgo(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_choose_strategy_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_89(_swig_i_1), C.swig_intgo(_swig_i_2), C.swig_voidp(_swig_i_3)))
 	return swig_r
 }
 
@@ -3419,7 +3475,7 @@ func (p SwigcptrOsft_flinear_grads_t) SwigIsOsft_flinear_grads_t() {
 func (arg1 SwigcptrOsft_flinear_grads_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flinear_grads_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_88(_swig_i_1))
+	C._wrap_osft_flinear_grads_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_90(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flinear_grads_t) GetStruct_size() (_swig_ret int64) {
@@ -3589,7 +3645,7 @@ func Osft_flinear_grads_init(arg1 Osft_flinear_grads_t, arg2 int64) (_swig_ret E
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_grads_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_90(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_grads_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_92(_swig_i_1)))
 	return swig_r
 }
 
@@ -3706,7 +3762,7 @@ func (p SwigcptrOsft_projector_options_t) SwigIsOsft_projector_options_t() {
 func (arg1 SwigcptrOsft_projector_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_91(_swig_i_1))
+	C._wrap_osft_projector_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_93(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_options_t) GetStruct_size() (_swig_ret int64) {
@@ -3768,7 +3824,7 @@ func Osft_projector_options_init(arg1 Osft_projector_options_t, arg2 int64) (_sw
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projector_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_93(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projector_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_95(_swig_i_1)))
 	return swig_r
 }
 
@@ -3801,7 +3857,7 @@ func (p SwigcptrOsft_projection_target_t) SwigIsOsft_projection_target_t() {
 func (arg1 SwigcptrOsft_projection_target_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projection_target_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_94(_swig_i_1))
+	C._wrap_osft_projection_target_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_96(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projection_target_t) GetStruct_size() (_swig_ret int64) {
@@ -3879,7 +3935,7 @@ func (arg1 SwigcptrOsft_projection_target_t) GetU_shards() (_swig_ret *int64) {
 func (arg1 SwigcptrOsft_projection_target_t) SetN_u_shards(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projection_target_t_n_u_shards_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_96(_swig_i_1))
+	C._wrap_osft_projection_target_t_n_u_shards_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_98(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projection_target_t) GetN_u_shards() (_swig_ret int64) {
@@ -3957,7 +4013,7 @@ func (arg1 SwigcptrOsft_projection_target_t) GetV_shards() (_swig_ret *int64) {
 func (arg1 SwigcptrOsft_projection_target_t) SetN_v_shards(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projection_target_t_n_v_shards_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_98(_swig_i_1))
+	C._wrap_osft_projection_target_t_n_v_shards_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_100(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projection_target_t) GetN_v_shards() (_swig_ret int64) {
@@ -4013,7 +4069,7 @@ func Osft_projection_target_init(arg1 Osft_projection_target_t, arg2 int64) (_sw
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projection_target_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_100(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projection_target_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_102(_swig_i_1)))
 	return swig_r
 }
 
@@ -4043,7 +4099,7 @@ func Osft_projector_set_grads(arg1 uintptr, arg2 int64, arg3 DLTensor, arg4 DLTe
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projector_set_grads_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_101(_swig_i_1), C.uintptr_t(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projector_set_grads_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_103(_swig_i_1), C.uintptr_t(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -4096,7 +4152,7 @@ func (p SwigcptrOsft_projector_info_t) SwigIsOsft_projector_info_t() {
 func (arg1 SwigcptrOsft_projector_info_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_102(_swig_i_1))
+	C._wrap_osft_projector_info_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_104(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetStruct_size() (_swig_ret int64) {
@@ -4109,7 +4165,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetStruct_size() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_projector_info_t) SetTargets(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_targets_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_104(_swig_i_1))
+	C._wrap_osft_projector_info_t_targets_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_106(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetTargets() (_swig_ret int64) {
@@ -4122,7 +4178,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetTargets() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_projector_info_t) SetReduced_elements(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_reduced_elements_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_106(_swig_i_1))
+	C._wrap_osft_projector_info_t_reduced_elements_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_108(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetReduced_elements() (_swig_ret int64) {
@@ -4135,7 +4191,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetReduced_elements() (_swig_ret int64
 func (arg1 SwigcptrOsft_projector_info_t) SetCollectives_per_project(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_collectives_per_project_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_108(_swig_i_1))
+	C._wrap_osft_projector_info_t_collectives_per_project_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_110(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetCollectives_per_project() (_swig_ret int64) {
@@ -4148,7 +4204,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetCollectives_per_project() (_swig_re
 func (arg1 SwigcptrOsft_projector_info_t) SetCoefficient_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_coefficient_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_110(_swig_i_1))
+	C._wrap_osft_projector_info_t_coefficient_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_112(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetCoefficient_bytes() (_swig_ret uint64) {
@@ -4161,7 +4217,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetCoefficient_bytes() (_swig_ret uint
 func (arg1 SwigcptrOsft_projector_info_t) SetGathered_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_gathered_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_112(_swig_i_1))
+	C._wrap_osft_projector_info_t_gathered_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_114(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetGathered_bytes() (_swig_ret uint64) {
@@ -4187,7 +4243,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetSetup_pending() (_swig_ret int) {
 func (arg1 SwigcptrOsft_projector_info_t) SetLast_gemms(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_last_gemms_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_114(_swig_i_1))
+	C._wrap_osft_projector_info_t_last_gemms_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_116(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetLast_gemms() (_swig_ret int64) {
@@ -4200,7 +4256,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetLast_gemms() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_projector_info_t) SetLast_gemm_calls(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_last_gemm_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_116(_swig_i_1))
+	C._wrap_osft_projector_info_t_last_gemm_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_118(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetLast_gemm_calls() (_swig_ret int64) {
@@ -4213,7 +4269,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetLast_gemm_calls() (_swig_ret int64)
 func (arg1 SwigcptrOsft_projector_info_t) SetLast_elementwise_calls(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_last_elementwise_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_118(_swig_i_1))
+	C._wrap_osft_projector_info_t_last_elementwise_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_120(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetLast_elementwise_calls() (_swig_ret int64) {
@@ -4226,7 +4282,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetLast_elementwise_calls() (_swig_ret
 func (arg1 SwigcptrOsft_projector_info_t) SetLast_collectives(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_last_collectives_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_120(_swig_i_1))
+	C._wrap_osft_projector_info_t_last_collectives_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_122(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetLast_collectives() (_swig_ret int64) {
@@ -4239,7 +4295,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetLast_collectives() (_swig_ret int64
 func (arg1 SwigcptrOsft_projector_info_t) SetLast_host_waits(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_last_host_waits_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_122(_swig_i_1))
+	C._wrap_osft_projector_info_t_last_host_waits_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_124(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetLast_host_waits() (_swig_ret int64) {
@@ -4287,6 +4343,14 @@ type Osft_projector_info_t interface {
 	GetLast_collectives() (_swig_ret int64)
 	SetLast_host_waits(arg2 int64)
 	GetLast_host_waits() (_swig_ret int64)
+}
+
+func Osft_projector_info_init(arg1 Osft_projector_info_t, arg2 int64) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projector_info_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_126(_swig_i_1)))
+	return swig_r
 }
 
 func Osft_projector_get_info(arg1 uintptr, arg2 Osft_projector_info_t) (_swig_ret Enum_SS_osft_status_e) {
@@ -4393,7 +4457,7 @@ func (p SwigcptrOsft_mlp_weights_t) SwigIsOsft_mlp_weights_t() {
 func (arg1 SwigcptrOsft_mlp_weights_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_weights_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_124(_swig_i_1))
+	C._wrap_osft_mlp_weights_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_127(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_weights_t) GetStruct_size() (_swig_ret int64) {
@@ -4560,7 +4624,7 @@ func Osft_mlp_weights_init(arg1 Osft_mlp_weights_t, arg2 int64) (_swig_ret Enum_
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_weights_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_126(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_weights_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_129(_swig_i_1)))
 	return swig_r
 }
 
@@ -4576,7 +4640,7 @@ func (p SwigcptrOsft_mlp_options_t) SwigIsOsft_mlp_options_t() {
 func (arg1 SwigcptrOsft_mlp_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_127(_swig_i_1))
+	C._wrap_osft_mlp_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_130(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_options_t) GetStruct_size() (_swig_ret int64) {
@@ -4602,7 +4666,7 @@ func (arg1 SwigcptrOsft_mlp_options_t) GetTiling() (_swig_ret Enum_SS_osft_mlp_t
 func (arg1 SwigcptrOsft_mlp_options_t) SetTile_tokens(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_options_t_tile_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_129(_swig_i_1))
+	C._wrap_osft_mlp_options_t_tile_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_132(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_options_t) GetTile_tokens() (_swig_ret int64) {
@@ -4615,7 +4679,7 @@ func (arg1 SwigcptrOsft_mlp_options_t) GetTile_tokens() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_mlp_options_t) SetMemory_budget(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_options_t_memory_budget_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_131(_swig_i_1))
+	C._wrap_osft_mlp_options_t_memory_budget_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_134(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_options_t) GetMemory_budget() (_swig_ret int64) {
@@ -4668,7 +4732,7 @@ func Osft_mlp_options_init(arg1 Osft_mlp_options_t, arg2 int64) (_swig_ret Enum_
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_133(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_136(_swig_i_1)))
 	return swig_r
 }
 
@@ -4681,7 +4745,7 @@ func Osft_mlp_create(arg1 uintptr, arg2 Enum_SS_osft_mlp_variant_e, arg3 int64, 
 	_swig_i_4 := getSwigcptr(arg5)
 	_swig_i_5 := getSwigcptr(arg6)
 	_swig_i_6 := arg7
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_create_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), C.swig_type_134(_swig_i_2), C.swig_type_135(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.swig_voidp(_swig_i_6)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_create_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), C.swig_type_137(_swig_i_2), C.swig_type_138(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.swig_voidp(_swig_i_6)))
 	return swig_r
 }
 
@@ -4698,7 +4762,7 @@ func Osft_mlp_get_tile_count(arg1 uintptr, arg2 int64, arg3 *int64, arg4 *int64)
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_get_tile_count_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_136(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_get_tile_count_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_139(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3)))
 	return swig_r
 }
 
@@ -4708,7 +4772,7 @@ func Osft_mlp_forward(arg1 uintptr, arg2 DLTensor, arg3 DLTensor, arg4 int64) (_
 	_swig_i_1 := getSwigcptr(arg2)
 	_swig_i_2 := getSwigcptr(arg3)
 	_swig_i_3 := arg4
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_forward_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_type_137(_swig_i_3)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_forward_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_type_140(_swig_i_3)))
 	return swig_r
 }
 
@@ -4724,7 +4788,7 @@ func (p SwigcptrOsft_mlp_grads_t) SwigIsOsft_mlp_grads_t() {
 func (arg1 SwigcptrOsft_mlp_grads_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_grads_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_138(_swig_i_1))
+	C._wrap_osft_mlp_grads_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_141(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_grads_t) GetStruct_size() (_swig_ret int64) {
@@ -4985,7 +5049,7 @@ func Osft_mlp_grads_init(arg1 Osft_mlp_grads_t, arg2 int64) (_swig_ret Enum_SS_o
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_grads_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_140(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_grads_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_143(_swig_i_1)))
 	return swig_r
 }
 
@@ -4996,7 +5060,7 @@ func Osft_mlp_backward(arg1 uintptr, arg2 DLTensor, arg3 DLTensor, arg4 Osft_mlp
 	_swig_i_2 := getSwigcptr(arg3)
 	_swig_i_3 := getSwigcptr(arg4)
 	_swig_i_4 := arg5
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_backward_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.uintptr_t(_swig_i_3), C.swig_type_141(_swig_i_4)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_backward_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.uintptr_t(_swig_i_3), C.swig_type_144(_swig_i_4)))
 	return swig_r
 }
 
@@ -5082,7 +5146,7 @@ func (p SwigcptrOsft_flce_options_t) SwigIsOsft_flce_options_t() {
 func (arg1 SwigcptrOsft_flce_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_142(_swig_i_1))
+	C._wrap_osft_flce_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_145(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetStruct_size() (_swig_ret int64) {
@@ -5095,7 +5159,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetStruct_size() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_options_t) SetIgnore_index(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_ignore_index_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_144(_swig_i_1))
+	C._wrap_osft_flce_options_t_ignore_index_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_147(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetIgnore_index() (_swig_ret int64) {
@@ -5173,7 +5237,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetAccumulator() (_swig_ret Enum_SS_osft
 func (arg1 SwigcptrOsft_flce_options_t) SetMemory_budget(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_memory_budget_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_146(_swig_i_1))
+	C._wrap_osft_flce_options_t_memory_budget_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_149(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetMemory_budget() (_swig_ret int64) {
@@ -5186,7 +5250,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetMemory_budget() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_options_t) SetChunk_rows(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_chunk_rows_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_148(_swig_i_1))
+	C._wrap_osft_flce_options_t_chunk_rows_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_151(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetChunk_rows() (_swig_ret int64) {
@@ -5212,7 +5276,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetComm() (_swig_ret uintptr) {
 func (arg1 SwigcptrOsft_flce_options_t) SetVocab_offset(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_vocab_offset_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_150(_swig_i_1))
+	C._wrap_osft_flce_options_t_vocab_offset_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_153(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetVocab_offset() (_swig_ret int64) {
@@ -5225,7 +5289,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetVocab_offset() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_options_t) SetVocab_size_global(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_vocab_size_global_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_152(_swig_i_1))
+	C._wrap_osft_flce_options_t_vocab_size_global_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_155(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetVocab_size_global() (_swig_ret int64) {
@@ -5264,7 +5328,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetChunking() (_swig_ret Enum_SS_osft_fl
 func (arg1 SwigcptrOsft_flce_options_t) SetSlice_cols(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_slice_cols_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_154(_swig_i_1))
+	C._wrap_osft_flce_options_t_slice_cols_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_157(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetSlice_cols() (_swig_ret int64) {
@@ -5324,7 +5388,7 @@ func Osft_flce_options_init(arg1 Osft_flce_options_t, arg2 int64) (_swig_ret Enu
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_156(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_159(_swig_i_1)))
 	return swig_r
 }
 
@@ -5364,7 +5428,7 @@ func (p SwigcptrOsft_flce_inputs_t) SwigIsOsft_flce_inputs_t() {
 func (arg1 SwigcptrOsft_flce_inputs_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_inputs_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_157(_swig_i_1))
+	C._wrap_osft_flce_inputs_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_160(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_inputs_t) GetStruct_size() (_swig_ret int64) {
@@ -5486,7 +5550,7 @@ func Osft_flce_inputs_init(arg1 Osft_flce_inputs_t, arg2 int64) (_swig_ret Enum_
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_inputs_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_159(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_inputs_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_162(_swig_i_1)))
 	return swig_r
 }
 
@@ -5502,7 +5566,7 @@ func (p SwigcptrOsft_flce_outputs_t) SwigIsOsft_flce_outputs_t() {
 func (arg1 SwigcptrOsft_flce_outputs_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_outputs_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_160(_swig_i_1))
+	C._wrap_osft_flce_outputs_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_163(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_outputs_t) GetStruct_size() (_swig_ret int64) {
@@ -5701,7 +5765,7 @@ func Osft_flce_outputs_init(arg1 Osft_flce_outputs_t, arg2 int64) (_swig_ret Enu
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_outputs_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_162(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_outputs_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_165(_swig_i_1)))
 	return swig_r
 }
 
@@ -5733,7 +5797,7 @@ func (p SwigcptrOsft_flce_plan_t) SwigIsOsft_flce_plan_t() {
 func (arg1 SwigcptrOsft_flce_plan_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_163(_swig_i_1))
+	C._wrap_osft_flce_plan_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_166(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetStruct_size() (_swig_ret int64) {
@@ -5746,7 +5810,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetStruct_size() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetTokens(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_165(_swig_i_1))
+	C._wrap_osft_flce_plan_t_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_168(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetTokens() (_swig_ret int64) {
@@ -5759,7 +5823,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetTokens() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetChunk_rows(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_chunk_rows_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_167(_swig_i_1))
+	C._wrap_osft_flce_plan_t_chunk_rows_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_170(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetChunk_rows() (_swig_ret int64) {
@@ -5772,7 +5836,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetChunk_rows() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetChunks(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_chunks_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_169(_swig_i_1))
+	C._wrap_osft_flce_plan_t_chunks_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_172(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetChunks() (_swig_ret int64) {
@@ -5785,7 +5849,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetChunks() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetScratch_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_scratch_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_171(_swig_i_1))
+	C._wrap_osft_flce_plan_t_scratch_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_174(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetScratch_bytes() (_swig_ret uint64) {
@@ -5798,7 +5862,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetScratch_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetBudget_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_budget_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_173(_swig_i_1))
+	C._wrap_osft_flce_plan_t_budget_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_176(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetBudget_bytes() (_swig_ret uint64) {
@@ -5824,7 +5888,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetChunking() (_swig_ret Enum_SS_osft_flce_
 func (arg1 SwigcptrOsft_flce_plan_t) SetSlices(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_slices_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_175(_swig_i_1))
+	C._wrap_osft_flce_plan_t_slices_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_178(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetSlices() (_swig_ret int64) {
@@ -5837,7 +5901,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetSlices() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetSlice_cols(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_slice_cols_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_177(_swig_i_1))
+	C._wrap_osft_flce_plan_t_slice_cols_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_180(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetSlice_cols() (_swig_ret int64) {
@@ -5879,6 +5943,14 @@ type Osft_flce_plan_t interface {
 	GetSlices() (_swig_ret int64)
 	SetSlice_cols(arg2 int64)
 	GetSlice_cols() (_swig_ret int64)
+}
+
+func Osft_flce_plan_init(arg1 Osft_flce_plan_t, arg2 int64) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_plan_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_182(_swig_i_1)))
+	return swig_r
 }
 
 func Osft_flce_get_plan(arg1 uintptr, arg2 Osft_flce_inputs_t, arg3 Osft_flce_outputs_t, arg4 Osft_flce_plan_t) (_swig_ret Enum_SS_osft_status_e) {
@@ -5929,7 +6001,7 @@ func (p SwigcptrOsft_qr_options_t) SwigIsOsft_qr_options_t() {
 func (arg1 SwigcptrOsft_qr_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_qr_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_179(_swig_i_1))
+	C._wrap_osft_qr_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_183(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_qr_options_t) GetStruct_size() (_swig_ret int64) {
@@ -6021,7 +6093,7 @@ func Osft_qr_options_init(arg1 Osft_qr_options_t, arg2 int64) (_swig_ret Enum_SS
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_181(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_185(_swig_i_1)))
 	return swig_r
 }
 
@@ -6034,7 +6106,7 @@ func Osft_qr_batch(arg1 uintptr, arg2 Osft_qr_options_t, arg3 int64, arg4 uintpt
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_batch_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_182(_swig_i_2), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.swig_voidp(_swig_i_6)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_batch_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_186(_swig_i_2), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.swig_voidp(_swig_i_6)))
 	return swig_r
 }
 
@@ -6047,6 +6119,6 @@ func Osft_qr_power_iteration(arg1 uintptr, arg2 Osft_qr_options_t, arg3 int64, a
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_power_iteration_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_183(_swig_i_2), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.swig_intgo(_swig_i_5), C.swig_voidp(_swig_i_6)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_power_iteration_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_187(_swig_i_2), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.swig_intgo(_swig_i_5), C.swig_voidp(_swig_i_6)))
 	return swig_r
 }

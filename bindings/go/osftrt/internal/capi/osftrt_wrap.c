@@ -246,6 +246,18 @@ static osft_status_t osftrt_swig_osft_projection_target_init(osft_projection_tar
 static osft_status_t osftrt_swig_osft_qr_options_init(osft_qr_options_t *p) { return OSFT_QR_OPTIONS_INIT(p); }
 
 
+static osft_status_t osftrt_swig_osft_memory_stats_init(osft_memory_stats_t *p) { return OSFT_MEMORY_STATS_INIT(p); }
+
+
+static osft_status_t osftrt_swig_osft_comm_stats_init(osft_comm_stats_t *p) { return OSFT_COMM_STATS_INIT(p); }
+
+
+static osft_status_t osftrt_swig_osft_flce_plan_init(osft_flce_plan_t *p) { return OSFT_FLCE_PLAN_INIT(p); }
+
+
+static osft_status_t osftrt_swig_osft_projector_info_init(osft_projector_info_t *p) { return OSFT_PROJECTOR_INFO_INIT(p); }
+
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -648,7 +660,7 @@ SWIGINTERN struct osft_context_options_s *new_osft_context_options_s(void){
 SWIGINTERN void delete_osft_context_options_s(struct osft_context_options_s *self){ free(self); }
 SWIGINTERN struct osft_memory_stats_s *new_osft_memory_stats_s(void){
     osft_memory_stats_t *p = (osft_memory_stats_t *)calloc(1, sizeof(osft_memory_stats_t));
-    if (p) p->struct_size = sizeof(osft_memory_stats_t);
+    if (p) osft_memory_stats_init(p, sizeof(osft_memory_stats_t));
     return p;
   }
 SWIGINTERN void delete_osft_memory_stats_s(struct osft_memory_stats_s *self){ free(self); }
@@ -669,7 +681,7 @@ SWIGINTERN struct osft_comm_callbacks_s *new_osft_comm_callbacks_s(void){
 SWIGINTERN void delete_osft_comm_callbacks_s(struct osft_comm_callbacks_s *self){ free(self); }
 SWIGINTERN struct osft_comm_stats_s *new_osft_comm_stats_s(void){
     osft_comm_stats_t *p = (osft_comm_stats_t *)calloc(1, sizeof(osft_comm_stats_t));
-    if (p) p->struct_size = sizeof(osft_comm_stats_t);
+    if (p) osft_comm_stats_init(p, sizeof(osft_comm_stats_t));
     return p;
   }
 SWIGINTERN void delete_osft_comm_stats_s(struct osft_comm_stats_s *self){ free(self); }
@@ -705,7 +717,7 @@ SWIGINTERN struct osft_projection_target_s *new_osft_projection_target_s(void){
 SWIGINTERN void delete_osft_projection_target_s(struct osft_projection_target_s *self){ free(self); }
 SWIGINTERN struct osft_projector_info_s *new_osft_projector_info_s(void){
     osft_projector_info_t *p = (osft_projector_info_t *)calloc(1, sizeof(osft_projector_info_t));
-    if (p) p->struct_size = sizeof(osft_projector_info_t);
+    if (p) osft_projector_info_init(p, sizeof(osft_projector_info_t));
     return p;
   }
 SWIGINTERN void delete_osft_projector_info_s(struct osft_projector_info_s *self){ free(self); }
@@ -747,7 +759,7 @@ SWIGINTERN struct osft_flce_outputs_s *new_osft_flce_outputs_s(void){
 SWIGINTERN void delete_osft_flce_outputs_s(struct osft_flce_outputs_s *self){ free(self); }
 SWIGINTERN struct osft_flce_plan_s *new_osft_flce_plan_s(void){
     osft_flce_plan_t *p = (osft_flce_plan_t *)calloc(1, sizeof(osft_flce_plan_t));
-    if (p) p->struct_size = sizeof(osft_flce_plan_t);
+    if (p) osft_flce_plan_init(p, sizeof(osft_flce_plan_t));
     return p;
   }
 SWIGINTERN void delete_osft_flce_plan_s(struct osft_flce_plan_s *self){ free(self); }
@@ -987,6 +999,58 @@ intgo _wrap_OSFT_QR_OPTIONS_INIT_capi_osftrt(struct osft_qr_options_s *_swig_go_
   arg1 = *(osft_qr_options_t **)&_swig_go_0; 
   
   result = (osft_status_t)osftrt_swig_osft_qr_options_init(arg1);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_OSFT_MEMORY_STATS_INIT_capi_osftrt(struct osft_memory_stats_s *_swig_go_0) {
+  osft_memory_stats_t *arg1 = (osft_memory_stats_t *) 0 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(osft_memory_stats_t **)&_swig_go_0; 
+  
+  result = (osft_status_t)osftrt_swig_osft_memory_stats_init(arg1);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_OSFT_COMM_STATS_INIT_capi_osftrt(struct osft_comm_stats_s *_swig_go_0) {
+  osft_comm_stats_t *arg1 = (osft_comm_stats_t *) 0 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(osft_comm_stats_t **)&_swig_go_0; 
+  
+  result = (osft_status_t)osftrt_swig_osft_comm_stats_init(arg1);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_OSFT_FLCE_PLAN_INIT_capi_osftrt(struct osft_flce_plan_s *_swig_go_0) {
+  osft_flce_plan_t *arg1 = (osft_flce_plan_t *) 0 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(osft_flce_plan_t **)&_swig_go_0; 
+  
+  result = (osft_status_t)osftrt_swig_osft_flce_plan_init(arg1);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_OSFT_PROJECTOR_INFO_INIT_capi_osftrt(struct osft_projector_info_s *_swig_go_0) {
+  osft_projector_info_t *arg1 = (osft_projector_info_t *) 0 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(osft_projector_info_t **)&_swig_go_0; 
+  
+  result = (osft_status_t)osftrt_swig_osft_projector_info_init(arg1);
   _swig_go_result = (intgo)result; 
   return _swig_go_result;
 }
@@ -3167,6 +3231,21 @@ void _wrap_delete_osft_memory_stats_t_capi_osftrt(struct osft_memory_stats_s *_s
 }
 
 
+intgo _wrap_osft_memory_stats_init_capi_osftrt(struct osft_memory_stats_s *_swig_go_0, long long _swig_go_1) {
+  osft_memory_stats_t *arg1 = (osft_memory_stats_t *) 0 ;
+  size_t arg2 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(osft_memory_stats_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  result = (osft_status_t)osft_memory_stats_init(arg1,arg2);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
 intgo _wrap_osft_context_get_memory_stats_capi_osftrt(osft_context_t _swig_go_0, struct osft_memory_stats_s *_swig_go_1) {
   osft_context_t arg1 = (osft_context_t) 0 ;
   osft_memory_stats_t *arg2 = (osft_memory_stats_t *) 0 ;
@@ -4007,6 +4086,21 @@ void _wrap_delete_osft_comm_stats_t_capi_osftrt(struct osft_comm_stats_s *_swig_
   
   delete_osft_comm_stats_s(arg1);
   
+}
+
+
+intgo _wrap_osft_comm_stats_init_capi_osftrt(struct osft_comm_stats_s *_swig_go_0, long long _swig_go_1) {
+  osft_comm_stats_t *arg1 = (osft_comm_stats_t *) 0 ;
+  size_t arg2 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(osft_comm_stats_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  result = (osft_status_t)osft_comm_stats_init(arg1,arg2);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
 }
 
 
@@ -6042,6 +6136,21 @@ void _wrap_delete_osft_projector_info_t_capi_osftrt(struct osft_projector_info_s
   
   delete_osft_projector_info_s(arg1);
   
+}
+
+
+intgo _wrap_osft_projector_info_init_capi_osftrt(struct osft_projector_info_s *_swig_go_0, long long _swig_go_1) {
+  osft_projector_info_t *arg1 = (osft_projector_info_t *) 0 ;
+  size_t arg2 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(osft_projector_info_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  result = (osft_status_t)osft_projector_info_init(arg1,arg2);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
 }
 
 
@@ -8514,6 +8623,21 @@ void _wrap_delete_osft_flce_plan_t_capi_osftrt(struct osft_flce_plan_s *_swig_go
   
   delete_osft_flce_plan_s(arg1);
   
+}
+
+
+intgo _wrap_osft_flce_plan_init_capi_osftrt(struct osft_flce_plan_s *_swig_go_0, long long _swig_go_1) {
+  osft_flce_plan_t *arg1 = (osft_flce_plan_t *) 0 ;
+  size_t arg2 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(osft_flce_plan_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  result = (osft_status_t)osft_flce_plan_init(arg1,arg2);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
 }
 
 
