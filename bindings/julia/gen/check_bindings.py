@@ -148,12 +148,15 @@ class Julia:
 
 
 def exported(lib):
+    """The public functions the library exports: those of the OSFTRT_1.x
+    nodes (the core's private exports for its CUDA and MPI modules, node
+    OSFTRT_CORE_PRIVATE_x.y.z, are not API; ABI.md)."""
     out = subprocess.run(["nm", "-D", "--defined-only", lib], check=True,
                          capture_output=True, text=True).stdout
     syms = set()
     for ln in out.splitlines():
         p = ln.split()
-        if len(p) == 3 and p[1] in "TtWi":
+        if len(p) == 3 and p[1] in "TtWi" and "@OSFTRT_CORE_PRIVATE_" not in p[2]:
             syms.add(p[2].split("@")[0])
     return syms
 
