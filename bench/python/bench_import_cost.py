@@ -100,7 +100,7 @@ def main():
              "wall time of the import, s (indicative: a shared machine).", "",
              "| import | " + " | ".join("%s MiB" % v for v in variants) + " | lazy/eager MiB" +
              (" | lazy/old MiB" if a.old_site else "") + " | " + " | ".join("%s s" % v for v in variants) +
-             " | CUDA libraries mapped (lazy) |",
+             " | CUDA libraries mapped after the lazy import (by anyone) |",
              "|" + "---|" * (2 * len(variants) + 3 + (1 if a.old_site else 0))]
     for module, med in rows:
         cells = ["%.1f" % med[v][0] for v in variants] + ["%.3f" % (med["lazy"][0] / med["eager"][0])]
