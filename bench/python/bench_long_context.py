@@ -135,13 +135,13 @@ def child(args):
     else:
         base = benchlib.rss_kib() * 1024
         benchlib.reset_peak()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     loss = _step(model, args.tokens, vocab, args.device)
     if cuda:
         torch.cuda.synchronize()
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = (torch.cuda.max_memory_allocated() if cuda else benchlib.rss_kib("VmHWM") * 1024) - base
-    print("RESULT " + json.dumps({"peak": peak, "seconds": dt, "loss": loss}))
+    print("RESULT " + json.dumps({"peak": peak, "seconds": dt, "cpu_seconds": cpu, "loss": loss}))
     benchlib.finish_process(0)
 
 
@@ -154,15 +154,15 @@ def run_child(args, variant, tokens, layers=None):
           (["--no-osft"] if args.no_osft else [])
     if args.dry_run:
         print("dry run: " + " ".join(cmd))
-        return {"peak": 0, "seconds": 0.0, "loss": 0.0}
+        return {"peak": 0, "seconds": 0.0, "cpu_seconds": 0.0, "loss": 0.0}
     env = dict(os.environ, **MALLOC)
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.child_timeout)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             r = json.loads(line[7:])
-            print("  %-7s %7d tokens%s: peak %8.1f MiB, %7.2f s" % (
-                variant, tokens, " (%d layers)" % layers if layers else "", r["peak"] / 2**20, r["seconds"]),
-                flush=True)
+            print("  %-7s %7d tokens%s: peak %8.1f MiB, %7.2f s (CPU %.2f s)" % (
+                variant, tokens, " (%d layers)" % layers if layers else "", r["peak"] / 2**20, r["seconds"],
+                r["cpu_seconds"]), flush=True)
             return r
     print("  %-7s %7d tokens: failed (%d): %s" % (variant, tokens, p.returncode, p.stderr.strip()[-300:]), flush=True)
     return None
@@ -219,9 +219,12 @@ def parent(args):
                  "bf16" if b == 2 else "fp32",
                  "; OSFT rank ratio %g on the osftrt variants" % args.rank_ratio
                  if args.device == "cuda" and not args.no_osft else ""),
-             "- memory: %s above the model, each variant and length in its own process (%s)" % (
+             "- memory: %s above the model, each variant and length in its own process (%s); step times: %s" % (
                  "torch.cuda.max_memory_allocated" if args.device == "cuda" else "peak resident set (VmHWM)",
-                 " ".join("%s=%s" % kv for kv in MALLOC.items())),
+                 " ".join("%s=%s" % kv for kv in MALLOC.items()),
+                 "wall, synchronized" if args.device == "cuda" else
+                 "the process's CPU time over the step (all its threads: the work, which other jobs on a shared "
+                 "machine do not stretch)"),
              "- command: `%s`" % " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]), ""]
     rows, data = [], {}
     for v in variants:
@@ -229,13 +232,14 @@ def parent(args):
         for n in lengths:
             r = run_child(args, v, n)
             if r is not None:
-                pts.append((n, r["peak"], r["seconds"]))
+                pts.append((n, r["peak"], r["seconds"] if args.device == "cuda" else r["cpu_seconds"]))
         data[v] = pts
         s = slope([(n, p) for n, p, _ in pts]) if len(pts) >= 2 else float("nan")
         rows.append("| %s | %s | %.1f | %s |" % (
             v, " / ".join("%.0f" % (p / 2**20) for _, p, _ in pts), s / 1024,
             " / ".join("%.1f" % t for _, _, t in pts)))
-    lines += ["| variant | peak MiB at %s tokens | KiB per token (slope) | step s |" % " / ".join(map(str, lengths)),
+    lines += ["| variant | peak MiB at %s tokens | KiB per token (slope) | step s (%s) |" % (
+        " / ".join(map(str, lengths)), "wall" if args.device == "cuda" else "process CPU time, %d threads" % args.threads),
               "| --- | ---: | ---: | ---: |"] + rows + [""]
     knob = data.get("knob", [])
     if len(knob) >= 2:
@@ -260,7 +264,7 @@ def parent(args):
             for n, t in both:
                 tp = [x for m, _, x in data["plain"] if m == n]
                 tc = [x for m, _, x in data["ckpt"] if m == n][0]
-                lines.append("Step at %d tokens: knob %.1f s, + checkpointing %.1f s (%.2fx)%s." % (
+                lines.append("Step at %d tokens (as in the table): knob %.1f s, + checkpointing %.1f s (%.2fx)%s." % (
                     n, t, tc, t / max(tc, 1e-9), ", plain %.1f s" % tp[0] if tp else ""))
         lines.append("")
     if args.budget_mib > 0:

@@ -87,11 +87,13 @@ def floor_bytes_per_token(config, dtype_bytes):
 
     * ``checkpoints``: layers x hidden x dtype (each layer's input);
     * ``layer``: one layer's working set while it is recomputed and
-      differentiated: the attention's saved tensors (normed input, q, k, v
-      before and after rotation, the output and its log-sum-exp) and the
-      MLP's input, norms' inputs, and the gradients flowing through it;
-    * ``loss``: the loss's input gradient (held from the fused forward to the
-      backward) and its per-token statistics;
+      differentiated: what its ops save (the input norm's output, rotated q
+      and k, v, the attention output and its log-sum-exp, the post-attention
+      residual and its norm's output) and the gradients in flight (into and
+      out of the layer, and q's, k's and v's);
+    * ``loss``: the final norm's input, the loss input's gradient (held from
+      the fused forward to the backward), the token ids and labels and the
+      per-token statistics;
     * ``total``: their sum. Constant scratch (the loss's chunks, the MLP's
       tile, the weights' gradients) is not per token."""
     h = int(config.hidden_size)
@@ -102,10 +104,10 @@ def floor_bytes_per_token(config, dtype_bytes):
     layers = int(config.num_hidden_layers)
     b = int(dtype_bytes)
     checkpoints = layers * h * b
-    # input norm (in, out), q/k/v, rotated q/k, attention out + lse, o_proj out,
-    # residual, post norm (in, out), MLP in, MLP out; gradients: 2 x hidden
-    layer = (h + h + q + 2 * k + q + k + q + h + h + h + h + h + 2 * h) * b + heads * 4
-    loss = h * b + 16
+    saved = (h + q + 2 * k + q + h + h) * b + heads * 4
+    grads = (2 * h + q + 2 * k) * b
+    layer = saved + grads
+    loss = 2 * h * b + 16 + 16
     return {"checkpoints": checkpoints, "layer": layer, "loss": loss, "total": checkpoints + layer + loss,
             "checkpoint_per_layer": h * b}
 
