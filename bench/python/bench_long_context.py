@@ -146,8 +146,33 @@ def child(args):
 
 
 # --- the parent -------------------------------------------------------------------
+_CACHE = {}  # (variant, tokens, layers) -> a result read by --from-log
+
+
+def load_log(path):
+    """The children's results printed in an earlier run's output (the lines
+    run_child prints), so that a run can go on from them (e.g. bisect
+    within another budget) without measuring them again."""
+    import re
+
+    pat = re.compile(r"^\s+(\w+)\s+(\d+) tokens(?: \((\d+) layers\))?: peak\s+([\d.]+) MiB,\s+([\d.]+) s "
+                     r"\(CPU ([\d.]+) s\)")
+    for line in open(path):
+        m = pat.match(line)
+        if m:
+            v, n, layers, peak, wall, cpu = m.groups()
+            _CACHE[(v, int(n), int(layers) if layers else None)] = {
+                "peak": float(peak) * 2**20, "seconds": float(wall), "cpu_seconds": float(cpu), "loss": float("nan")}
+
+
 def run_child(args, variant, tokens, layers=None):
     """{"peak", "seconds", "loss"}, or None when the child failed (out of memory)."""
+    hit = _CACHE.get((variant, tokens, layers))
+    if hit is not None:
+        print("  %-7s %7d tokens%s: peak %8.1f MiB, %7.2f s (CPU %.2f s) [from %s]" % (
+            variant, tokens, " (%d layers)" % layers if layers else "", hit["peak"] / 2**20, hit["seconds"],
+            hit["cpu_seconds"], args.from_log), flush=True)
+        return hit
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--variant", variant, "--tokens", str(tokens),
            "--device", args.device, "--model", args.model, "--threads", str(args.threads),
            "--rank-ratio", str(args.rank_ratio)] + (["--layers", str(layers)] if layers else []) + \
@@ -180,15 +205,20 @@ def longest(args, variant, budget, guess):
     """The longest sequence whose step's peak is within `budget` bytes, by
     bisection (to args.precision), starting from `guess` tokens."""
     lo, hi, n = 0, None, max(16, int(guess))
-    while hi is None or hi - lo > max(16, args.precision * lo):
+    while hi is None or lo == 0 or hi - lo > max(16, args.precision * lo):
         r = run_child(args, variant, n)
         if r is not None and r["peak"] <= budget:
             lo = n
         else:
             hi = n
-        n = int(lo * 1.3) + 16 if hi is None else (lo + hi) // 2
         if args.dry_run:
             break
+        if hi is None:  # grow by steps of the precision, then bisect
+            n = int(lo * (1 + 2 * args.precision)) + 16
+        elif lo == 0:
+            n = int(hi * (1 - 2 * args.precision))
+        else:
+            n = (lo + hi) // 2
     return lo
 
 
@@ -274,10 +304,10 @@ def parent(args):
             pts = data.get(v)
             if not pts or len(pts) < 2:
                 continue
-            s = slope([(n, p) for n, p, _ in pts])
-            fixed = pts[0][1] - s * pts[0][0]
-            print("bisecting %s within %d MiB" % (v, args.budget_mib), flush=True)
-            found[v] = longest(args, v, budget, (budget - fixed) / max(s, 1.0))
+            s = slope([(n, p) for n, p, _ in pts[-2:]])  # the marginal slope, from the last point
+            guess = pts[-1][0] + (budget - pts[-1][1]) / max(s, 1.0)
+            print("bisecting %s within %d MiB from %d tokens" % (v, args.budget_mib, guess), flush=True)
+            found[v] = longest(args, v, budget, guess)
         lines.append("Longest sequence within %d MiB above the model (bisection in subprocesses, to %.0f%%): %s." % (
             args.budget_mib, 100 * args.precision, ", ".join("%s %d tokens" % kv for kv in found.items())))
         if found.get("plain") and found.get("knob"):
@@ -310,6 +340,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--child-timeout", type=float, default=1800)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--from-log", default=None, help="reuse the children's results printed in this earlier "
+                    "output of the same script (same commit and arguments): e.g. to bisect within another budget")
     ap.add_argument("--dry-run", action="store_true", help="print the children's commands, run none")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--variant", help=argparse.SUPPRESS)
@@ -321,6 +353,8 @@ def main():
     args.lengths = args.lengths or ("4096,8192,16384" if cuda else "2048,4096,8192")
     if args.budget_mib is None:
         args.budget_mib = 40960 if cuda else 512
+    if args.from_log:
+        load_log(args.from_log)
     return child(args) if args.child else parent(args)
 
 
