@@ -19,11 +19,17 @@
  * gradients; the fp32 accumulator where it fits, else
  * OSFT_FLCE_ACCUMULATOR_OUTPUT; the planner's choice between token chunks
  * and vocabulary slices, printed with its tiles), and the same budget with
- * token chunks forced ("mem-tok": the plan before the vocabulary plan).
+ * token chunks forced ("mem-tok": the plan before the vocabulary plan),
+ * and the default budget before 1.3 ("former": the fixed part + 1 GiB of
+ * chunks, now an explicit budget) beside today's default (chunks that grow
+ * no faster than x), as the ratio default / former.
  *
  *   bench_flce [--device cpu|cuda] [--scale S] [--reps R] [--budget-div D]
  *              [--mem-mib MEM] [--counts] [--dtype fp32|bf16] [--cpu-time]
- *              [--csv FILE]
+ *              [--shape M,H,V]... [--csv FILE]
+ *
+ * --shape (up to 8 times) runs those shapes instead of the four below
+ * (--scale does not apply to them).
  *
  * --cpu-time (CPU only) times in the process's CPU time instead of wall
  * time: on a machine shared with other jobs, with one BLAS thread
@@ -376,10 +382,9 @@ static void teardown_fused(fused_setup *f) {
   CHECK(osft_context_destroy(f->ctx));
 }
 
-/* The tight budget: the call's fixed scratch (e.g. the fp32 grad_W
- * accumulator of a call in several chunks) plus 1/div of the M x V fp32
- * logits, read off two plans of several chunks each. */
-static size_t tight_budget(problem *p, int div) {
+/* The call's fixed scratch (e.g. the fp32 grad_W accumulator of a call in
+ * several chunks), read off two plans of several chunks each. */
+static size_t fixed_scratch(problem *p) {
   fused_setup all, half;
   setup_fused(&all, p, SIZE_MAX / 2, p->m / 2, OSFT_FLCE_ACCUMULATOR_FP32);
   setup_fused(&half, p, SIZE_MAX / 2, p->m / 4, OSFT_FLCE_ACCUMULATOR_FP32);
@@ -390,16 +395,32 @@ static size_t tight_budget(problem *p, int div) {
       (size_t)all.plan.scratch_bytes - per_row * (size_t)all.plan.chunk_rows;
   teardown_fused(&all);
   teardown_fused(&half);
-  return fixed + (size_t)p->m * (size_t)p->v * sizeof(float) / (size_t)div;
+  return fixed;
+}
+
+/* The tight budget: the fixed scratch plus 1/div of the M x V fp32 logits. */
+static size_t tight_budget(problem *p, int div) {
+  return fixed_scratch(p) + (size_t)p->m * (size_t)p->v * sizeof(float) / (size_t)div;
 }
 
 /* -------------------------------------------------------------- timing */
 
-enum { GEMMS, MATERIALIZED, FUSED, TIGHT, OUT_ACC, LIGER, MEM, MEM_TOK, VARIANTS };
+enum {
+  GEMMS,
+  MATERIALIZED,
+  FUSED,
+  TIGHT,
+  OUT_ACC,
+  LIGER,
+  MEM,
+  MEM_TOK,
+  FORMER,
+  VARIANTS
+};
 
 typedef struct {
   problem *p;
-  fused_setup *one_chunk, *def, *tight, *out_acc, *liger, *mem, *mem_tok;
+  fused_setup *one_chunk, *def, *tight, *out_acc, *liger, *mem, *mem_tok, *former;
 } bench_case;
 
 /* Liger-Kernel's chunk rows for M tokens: next_pow2(ceil(M / ceil(V / H))). */
@@ -425,6 +446,7 @@ static void run_variant(bench_case *b, int variant) {
     case OUT_ACC: fused(b->out_acc); break;
     case LIGER: fused(b->liger); break;
     case MEM: fused(b->mem); break;
+    case FORMER: fused(b->former); break;
     default: fused(b->mem_tok); break;
   }
 }
@@ -470,7 +492,7 @@ static void bench_shape(problem *p, int reps, int budget_div, size_t mem_bytes,
   const int cuda = p->cuda;
   const double mxv_mib = (double)p->m * p->v * sizeof(float) / (1 << 20);
   const size_t tight = tight_budget(p, budget_div);
-  fused_setup one, def, tgt, out, lig, mem, mtok;
+  fused_setup one, def, tgt, out, lig, mem, mtok, fmr;
   if (cuda) setup_fused(&one, p, SIZE_MAX / 2, p->m, OSFT_FLCE_ACCUMULATOR_FP32);
   setup_fused(&def, p, 0, 0, OSFT_FLCE_ACCUMULATOR_FP32);
   setup_fused(&tgt, p, tight, 0, OSFT_FLCE_ACCUMULATOR_FP32);
@@ -478,13 +500,16 @@ static void bench_shape(problem *p, int reps, int budget_div, size_t mem_bytes,
   setup_fused(&lig, p, SIZE_MAX / 2, liger_chunk_rows(p), OSFT_FLCE_ACCUMULATOR_OUTPUT);
   setup_mem(&mem, p, mem_bytes, OSFT_FLCE_CHUNKING_AUTO);
   setup_mem(&mtok, p, mem_bytes, OSFT_FLCE_CHUNKING_TOKENS);
-  bench_case b = {p, cuda ? &one : NULL, &def, &tgt, &out, &lig, &mem, &mtok};
+  setup_fused(&fmr, p, fixed_scratch(p) + ((size_t)1 << 30), 0,
+              OSFT_FLCE_ACCUMULATOR_FP32);
+  bench_case b = {p, cuda ? &one : NULL, &def, &tgt, &out, &lig, &mem, &mtok, &fmr};
   double t[VARIANTS];
   time_all(&b, reps, t);
   if (counts) {
-    fused_setup *const all[6] = {&def, &tgt, &out, &lig, &mem, &mtok};
-    const char *names[6] = {"default", "tight", "acc.out", "liger", "mem", "mem-tok"};
-    for (int i = 0; i < 6; ++i) print_counts(all[i], p, names[i]);
+    fused_setup *const all[7] = {&def, &tgt, &out, &lig, &mem, &mtok, &fmr};
+    const char *names[7] = {"default", "tight",   "acc.out", "liger",
+                            "mem",     "mem-tok", "former"};
+    for (int i = 0; i < 7; ++i) print_counts(all[i], p, names[i]);
   }
   run_variant(&b, MATERIALIZED);
   const float loss_mat = loss_of(p);
@@ -495,6 +520,7 @@ static void bench_shape(problem *p, int reps, int budget_div, size_t mem_bytes,
   const double def_mib = peak_mib(&def, cuda), tgt_mib = peak_mib(&tgt, cuda);
   const double out_mib = peak_mib(&out, cuda), lig_mib = peak_mib(&lig, cuda);
   const double mem_mib = peak_mib(&mem, cuda), mtok_mib = peak_mib(&mtok, cuda);
+  const double fmr_mib = peak_mib(&fmr, cuda);
   printf(
       "%5d %5d %6d | %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f | %6.3f %6.3f %6.3f %6.3f %6.2f "
       "| %8.1f %8.1f %8.1f %8.1f %8.1f | %lld x %lld; %lld x %lld; %lld x %lld\n",
@@ -504,21 +530,25 @@ static void bench_shape(problem *p, int reps, int budget_div, size_t mem_bytes,
       lig_mib, (long long)def.plan.chunks, (long long)def.plan.chunk_rows,
       (long long)tgt.plan.chunks, (long long)tgt.plan.chunk_rows,
       (long long)lig.plan.chunks, (long long)lig.plan.chunk_rows);
-  char tiles[2][96];
+  char tiles[3][96];
   printf(
       "%18s mem (%.0f MiB, %s acc.): %.1f ms, %.3f x gemms, peak %.1f MiB, %s%s\n"
-      "%18s mem-tok (token chunks forced): %.1f ms, %.3f x gemms, peak %.1f MiB, %s\n",
+      "%18s mem-tok (token chunks forced): %.1f ms, %.3f x gemms, peak %.1f MiB, %s\n"
+      "%18s former default (fixed + 1 GiB): %.1f ms, peak %.1f MiB, %s; default / "
+      "former: time %.3f, peak %.3f\n",
       "", (double)mem_bytes / (1 << 20),
       mem.accumulator == OSFT_FLCE_ACCUMULATOR_FP32 ? "fp32" : "output", t[MEM],
       t[MEM] / t[GEMMS], mem_mib, plan_tiles(&mem, tiles[0], sizeof tiles[0]),
       def.held ? "; default plan holds g" : "", "", t[MEM_TOK], t[MEM_TOK] / t[GEMMS],
-      mtok_mib, plan_tiles(&mtok, tiles[1], sizeof tiles[1]));
+      mtok_mib, plan_tiles(&mtok, tiles[1], sizeof tiles[1]), "", t[FORMER], fmr_mib,
+      plan_tiles(&fmr, tiles[2], sizeof tiles[2]), t[FUSED] / t[FORMER],
+      def_mib / fmr_mib);
   fflush(stdout);
   if (csv)
     fprintf(csv,
             "%s,%d,%d,%d,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f,%.2f,%.2f,%.2f,%.2f,%lld,"
             "%lld,%lld,%lld,%.3f,%.4f,%.2f,%.3f,%.4f,%.2f,%lld,%.3f,%.4f,%.2f,%.2f,%lld,"
-            "%lld,%s,%d,%s,%lld,%lld,%.3f,%.4f,%.2f,%lld,%lld\n",
+            "%lld,%s,%d,%s,%lld,%lld,%.3f,%.4f,%.2f,%lld,%lld,%.3f,%.4f,%.2f,%lld\n",
             cuda ? "cuda" : "cpu", p->m, p->h, p->v, t[GEMMS], t[MATERIALIZED], t[FUSED],
             t[TIGHT], t[FUSED] / t[GEMMS], t[TIGHT] / t[GEMMS],
             t[MATERIALIZED] / t[FUSED], mxv_mib, def_mib, tgt_mib,
@@ -532,7 +562,8 @@ static void bench_shape(problem *p, int reps, int budget_div, size_t mem_bytes,
             mem.plan.chunking == OSFT_FLCE_CHUNKING_VOCAB ? "vocab" : "tokens",
             (long long)mem.plan.slices, (long long)mem.plan.slice_cols, t[MEM_TOK],
             t[MEM_TOK] / t[GEMMS], mtok_mib, (long long)mtok.plan.chunks,
-            (long long)mtok.plan.chunk_rows);
+            (long long)mtok.plan.chunk_rows, t[FORMER], t[FUSED] / t[FORMER], fmr_mib,
+            (long long)fmr.plan.chunks);
   if (csv) fflush(csv); /* a line cut short by a timeout keeps the rows so far */
   if (cuda) teardown_fused(&one);
   teardown_fused(&def);
@@ -541,12 +572,14 @@ static void bench_shape(problem *p, int reps, int budget_div, size_t mem_bytes,
   teardown_fused(&lig);
   teardown_fused(&mem);
   teardown_fused(&mtok);
+  teardown_fused(&fmr);
 }
 
 int main(int argc, char **argv) {
   int scale = 0, reps = 5, budget_div = 4, cuda = 0, counts = 0, bf16 = 0;
   double mem_mib = 64.0;
   const char *csv_path = NULL;
+  int shapes[8][3], n_shapes = 0;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--scale") && i + 1 < argc)
       scale = atoi(argv[++i]);
@@ -566,12 +599,20 @@ int main(int argc, char **argv) {
       bf16 = !strcmp(argv[++i], "bf16");
     else if (!strcmp(argv[i], "--device") && i + 1 < argc)
       cuda = !strcmp(argv[++i], "cuda");
-    else {
-      fprintf(
-          stderr,
-          "usage: %s [--device cpu|cuda] [--scale S] [--reps R] [--budget-div D] "
-          "[--mem-mib MEM] [--counts] [--dtype fp32|bf16] [--cpu-time] [--csv FILE]\n",
-          argv[0]);
+    else if (!strcmp(argv[i], "--shape") && i + 1 < argc && n_shapes < 8 &&
+             sscanf(argv[i + 1], "%d,%d,%d", &shapes[n_shapes][0], &shapes[n_shapes][1],
+                    &shapes[n_shapes][2]) == 3 &&
+             shapes[n_shapes][0] > 0 && shapes[n_shapes][1] > 0 &&
+             shapes[n_shapes][2] > 0) {
+      ++n_shapes;
+      ++i;
+    } else {
+      fprintf(stderr,
+              "usage: %s [--device cpu|cuda] [--scale S] [--reps R] [--budget-div D] "
+              "[--mem-mib MEM] [--counts] [--dtype fp32|bf16] [--cpu-time] [--shape "
+              "M,H,V]... "
+              "[--csv FILE]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -597,7 +638,8 @@ int main(int argc, char **argv) {
         "liger_over_gemms,liger_peak_mib,liger_chunk_rows,mem_ms,mem_over_gemms,"
         "mem_peak_mib,mem_budget_mib,mem_chunks,mem_chunk_rows,mem_accumulator,"
         "flce_held,mem_chunking,mem_slices,mem_slice_cols,memtok_ms,memtok_over_gemms,"
-        "memtok_peak_mib,memtok_chunks,memtok_chunk_rows\n");
+        "memtok_peak_mib,memtok_chunks,memtok_chunk_rows,former_ms,default_over_former,"
+        "former_peak_mib,former_chunks\n");
   printf(
       "# %s\n# %s, shapes / %d, median of %d%s; tight budget = fixed + M x V x 4 / %d; "
       "acc.out = grad_W summed in its own dtype; liger = acc.out in Liger-Kernel's "
@@ -614,13 +656,19 @@ int main(int argc, char **argv) {
       "BT", "H", "V", "gemms", "mater.", "flce", "tight", "acc.out", "liger", "f/gem",
       "t/gem", "o/gem", "l/gem", "mat/f", "MxV MiB", "peak MiB", "tgt MiB", "out MiB",
       "lig MiB", "chunks (default; tight; liger)");
-  for (int bi = 0; bi < 2; ++bi)
-    for (int vi = 0; vi < 2; ++vi) {
-      problem p;
-      problem_init(&p, cuda, bf16, bts[bi] / scale, h_full / scale, vs[vi] / scale);
-      bench_shape(&p, reps, budget_div, (size_t)(mem_mib * (1 << 20)), counts, csv);
-      problem_free(&p);
-    }
+  if (n_shapes == 0)
+    for (int bi = 0; bi < 2; ++bi)
+      for (int vi = 0; vi < 2; ++vi) {
+        shapes[n_shapes][0] = bts[bi] / scale;
+        shapes[n_shapes][1] = h_full / scale;
+        shapes[n_shapes++][2] = vs[vi] / scale;
+      }
+  for (int s = 0; s < n_shapes; ++s) {
+    problem p;
+    problem_init(&p, cuda, bf16, shapes[s][0], shapes[s][1], shapes[s][2]);
+    bench_shape(&p, reps, budget_div, (size_t)(mem_mib * (1 << 20)), counts, csv);
+    problem_free(&p);
+  }
   if (csv) fclose(csv);
   return 0;
 }

@@ -29,7 +29,13 @@
 # python3), OSFTRT_HF_STEP_ARGS (extra bench_hf_step.py arguments, e.g.
 # "--batch 2" or "--variants hf,osftrt"), OSFTRT_CUDA_ARCHS (default 90),
 # OSFTRT_HF_STEP_BUILD (the wheel's build folder, default build-hf-step),
-# OSFTRT_HF_STEP_BUDGET (seconds for all parts, default 560).
+# OSFTRT_HF_STEP_BUDGET (seconds for all parts, default 560),
+# OSFTRT_HF_STEP_PART (the benchmark part: bench, the default, or long:
+# issue 44's bench/python/bench_long_context.py --device cuda, Llama-3.2-1B
+# shapes, bf16, OSFT rank ratio 0.5, Liger when carried, peaks at 3 lengths
+# and the longest sequence within 20 GiB, long_context.md; dry run: the CPU
+# at short lengths), OSFTRT_LONG_ARGS (extra bench_long_context.py
+# arguments, e.g. "--model 8b --budget-mib 61440").
 set -uo pipefail
 self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 root=$(cd "$(dirname "$self")/../.." && pwd)
@@ -134,6 +140,14 @@ bench() {
   "$py" bench/python/bench_hf_step.py "${args[@]}" ${OSFTRT_HF_STEP_ARGS:-} --out "$out/hf_step.md"
 }
 
+long() { # issue 44: memory per token and the longest sequence in a budget
+  local args=(--device cuda --model 1b --lengths 8192,16384,32768 --budget-mib 20480 --precision 0.1
+    --child-timeout 150)
+  [[ $mode == dry ]] && args=(--device cpu --lengths 256,512,1024 --budget-mib 0 --threads 2)
+  # shellcheck disable=SC2086
+  "$py" bench/python/bench_long_context.py "${args[@]}" ${OSFTRT_LONG_ARGS:-} --out "$out/long_context.md"
+}
+
 if [[ ${1:-} == --part ]]; then
   "$2"
   exit $?
@@ -145,6 +159,6 @@ echo "date: $(date -u +%FT%TZ); mode $mode; commit $(git rev-parse --short HEAD 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
 carried
 part wheel 240 && part imports 90
-part bench 560
+part "${OSFTRT_HF_STEP_PART:-bench}" 560
 echo "verdict: $([[ $verdict -eq 0 ]] && echo PASS || echo FAIL) ($mode run; logs in $out)" | tee -a "$out/summary.txt"
 exit $verdict

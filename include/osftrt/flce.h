@@ -433,9 +433,16 @@ typedef struct osft_flce_options_s {
   osft_flce_accumulator_t accumulator;
   /** Upper bound, in bytes, on the scratch a call takes (fixed part
    * included, see above); it decides the chunk size. 0: the fixed part plus
-   * 1 GiB of chunk buffers. The context's workspace_limit, if set, bounds it
-   * too. A budget too small for one row fails with
-   * OSFT_STATUS_OUT_OF_MEMORY, naming the minimum. Default 0. */
+   * chunk buffers that grow no faster than x does: logits of at most 4 x
+   * x's elements (16 * M * H bytes; Liger-Kernel's chunks hold logits of
+   * about x's size), but room for at least 512 token rows (4 * Vp bytes
+   * each, see "Scratch memory") and at most 1 GiB (since 1.3; before, 1 GiB
+   * whatever M, so that the default built the whole M x V logits as scratch
+   * up to 1 GiB). A long-context trainer that wants a constant scratch sets
+   * an explicit budget (e.g. 64 MiB: see the README, "Long context"). The
+   * context's workspace_limit, if set, bounds it too. A budget too small
+   * for one row fails with OSFT_STATUS_OUT_OF_MEMORY, naming the minimum.
+   * Default 0. */
   size_t memory_budget;
   /** At most this many tokens per chunk (exactly this many, the last chunk
    * excepted, when the budget allows); 0: as many as the budget allows,

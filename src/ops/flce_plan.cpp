@@ -14,8 +14,15 @@ namespace osft {
 namespace {
 
 constexpr unsigned kComputeDtypes = OSFTI_F32 | OSFTI_BF16;
-/* Chunk buffers when the caller sets no budget. */
+/* Chunk buffers when the caller sets no budget: logits of at most
+ * kDefaultLogitsPerX x x's elements (as Liger-Kernel's chunks, which hold
+ * logits of about x's size), so that the scratch grows no faster than x;
+ * but at least kDefaultFloorRows rows (GEMMs at full speed, few V x H
+ * read-modify-writes of grad_W), and at most kDefaultChunkBytes (the
+ * default before 1.3). Measured in bench/results/flce_default_budget_cpu.md. */
 constexpr size_t kDefaultChunkBytes = size_t{1} << 30;
+constexpr size_t kDefaultLogitsPerX = 4;
+constexpr size_t kDefaultFloorRows = 512;
 /* Below this many rows per chunk the GEMMs run visibly slower (measured on
  * OpenBLAS; cuBLAS wants more). */
 constexpr int64_t kEfficientRows = 128;
@@ -303,13 +310,30 @@ bool fits_one_chunk(const Flce &f, const FlceCall &c, size_t budget, size_t per_
   return budget >= fixed && (budget - fixed) / static_cast<size_t>(c.m) >= per_row;
 }
 
+/* The scratch of one more row of a token chunk. */
+size_t token_row_bytes(const Flce &f, const FlceCall &c) {
+  const int ranks = vocab_ranks(f);
+  return static_cast<size_t>(padded_vocab(c.v)) * sizeof(float) +
+         (ranks > 1 ? (ranks + 1) * kFlceRecordWords * sizeof(float) : 0) +
+         (widens(f, c) ? static_cast<size_t>(c.h) * sizeof(float) : 0);
+}
+
+/* The chunk buffers of the default budget (see kDefaultChunkBytes). */
+size_t default_chunk_bytes(const FlceCall &c, size_t per_row) {
+  const size_t by_x = kDefaultLogitsPerX * static_cast<size_t>(c.m) *
+                      static_cast<size_t>(c.h) * sizeof(float);
+  const size_t floor = kDefaultFloorRows * per_row;
+  return std::min(kDefaultChunkBytes, std::max(by_x, floor));
+}
+
 /* The budget of a call: the handle's (default: the fixed scratch plus
- * kDefaultChunkBytes), capped by the context's workspace_limit. */
-size_t call_budget(const Flce &f, size_t fixed, const char **bound) {
+ * default_chunk_bytes), capped by the context's workspace_limit. */
+size_t call_budget(const Flce &f, const FlceCall &c, size_t fixed, const char **bound) {
   const Context &ctx = *f.ctx;
   *bound = "opts->memory_budget";
-  size_t budget =
-      f.opts.memory_budget != 0 ? f.opts.memory_budget : fixed + kDefaultChunkBytes;
+  size_t budget = f.opts.memory_budget != 0
+                      ? f.opts.memory_budget
+                      : fixed + default_chunk_bytes(c, token_row_bytes(f, c));
   if (ctx.workspace_limit != 0 && ctx.workspace_limit < budget) {
     budget = ctx.workspace_limit;
     *bound = "the context's workspace_limit";
@@ -368,14 +392,6 @@ bool try_hold(const Flce &f, const FlceCall &c, FlcePlan &plan, bool compare) {
   plan.scratch = held;
   plan.slots = slots;
   return true;
-}
-
-/* The scratch of one more row of a token chunk. */
-size_t token_row_bytes(const Flce &f, const FlceCall &c) {
-  const int ranks = vocab_ranks(f);
-  return static_cast<size_t>(padded_vocab(c.v)) * sizeof(float) +
-         (ranks > 1 ? (ranks + 1) * kFlceRecordWords * sizeof(float) : 0) +
-         (widens(f, c) ? static_cast<size_t>(c.h) * sizeof(float) : 0);
 }
 
 /* The token plan: one chunk, held gradients, or chunks summing grad_W;
@@ -582,7 +598,7 @@ bool plan_vocab(const Flce &f, const FlceCall &c, FlcePlan &plan, size_t *least)
 FlcePlan plan_call(const Flce &f, const FlceCall &c) {
   FlcePlan tokens, vocab;
   const char *bound = nullptr;
-  tokens.budget = vocab.budget = call_budget(f, fixed_bytes(f, c, true), &bound);
+  tokens.budget = vocab.budget = call_budget(f, c, fixed_bytes(f, c, true), &bound);
   const osft_flce_chunking_t want = f.opts.chunking;
   const bool have_tokens = want != OSFT_FLCE_CHUNKING_VOCAB && plan_tokens(f, c, tokens);
   size_t least = SIZE_MAX;

@@ -80,6 +80,56 @@ static void test_budget_and_plan(void **state) {
   free_tensors(&T);
 }
 
+/* The default budget's plan of M tokens x H x V, fp32 (no accumulator). */
+static osft_flce_plan_t default_plan(osft_context_t ctx, int64_t m, int64_t h,
+                                     int64_t v) {
+  flce_case c = base_case(m, h, v, TT_F32);
+  c.want = WANT_LOSS | WANT_DX | WANT_DW;
+  c.chunking = OSFT_FLCE_CHUNKING_TOKENS;
+  c.slice_cols = 0;
+  flce_tensors T = make_tensors(&c);
+  osft_flce_inputs_t in;
+  osft_flce_outputs_t out;
+  flce_bind(&c, &T, &in, &out);
+  osft_flce_t f = make_flce(ctx, &c);
+  osft_flce_plan_t p;
+  memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  assert_ok(osft_flce_get_plan(f, &in, &out, &p));
+  assert_true(p.scratch_bytes <= p.budget_bytes);
+  assert_ok(osft_flce_destroy(f));
+  free_tensors(&T);
+  return p;
+}
+
+/* The default budget grows no faster than x (chunk logits of at most 4 x
+ * x's elements, 16 M H bytes), above a floor of 512 token rows: quadrupling
+ * the tokens quadruples the chunk buffers, not the whole M x V logits as
+ * the former default (the fixed part + 1 GiB) did below 1 GiB. */
+static void test_default_budget_follows_x(void **state) {
+  const int64_t h = 128, v = 8000;
+  const size_t row = 4 * 8000, floor = 512 * row;
+  /* within the floor: one chunk, whatever x's size */
+  osft_flce_plan_t p = default_plan(CTX, 512, h, v);
+  assert_int_equal(p.chunks, 1);
+  /* above it: 16 M H bytes of chunks (the fixed part is 16 M + small) */
+  const osft_flce_plan_t a = default_plan(CTX, 8192, h, v),
+                         b = default_plan(CTX, 32768, h, v);
+  assert_true(16 * 8192 * (size_t)h > floor);
+  for (int i = 0; i < 2; ++i) {
+    const osft_flce_plan_t *q = i ? &b : &a;
+    const size_t by_x = 16 * (size_t)q->tokens * (size_t)h;
+    assert_true(q->budget_bytes >= by_x);
+    assert_true(q->budget_bytes <= by_x + 16 * (size_t)q->tokens + 4096);
+    assert_true(q->chunks > 1); /* the former default: one chunk of M x V */
+    assert_true(q->chunk_rows * row <= q->budget_bytes);
+    assert_true((size_t)q->chunks <= (size_t)q->tokens * row / (by_x - row) + 1);
+  }
+  /* the slope per token: at most 16 H (chunks) + 16 (fixed) bytes */
+  assert_true(b.budget_bytes - a.budget_bytes <= (16 * (size_t)h + 16) * (32768 - 8192));
+  assert_true(b.budget_bytes < (size_t)32768 * row / 10);
+}
+
 /* Every block the op takes goes back (counting allocator on the CPU). */
 static void test_memory_is_returned(void **state) {
   (void)state;
@@ -266,6 +316,8 @@ int main(void) {
   if (!tt_device_present()) return OSFT_TEST_SKIP;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_budget_and_plan, tt_setup, tt_teardown),
+      cmocka_unit_test_setup_teardown(test_default_budget_follows_x, tt_setup,
+                                      tt_teardown),
       cmocka_unit_test(test_memory_is_returned),
       cmocka_unit_test(test_refused_staging_still_computes),
       cmocka_unit_test(test_every_refusal_is_clean),

@@ -83,9 +83,10 @@ static void test_plan_choice(void **state) {
   assert_true(p.chunk_rows <= 8 && p.chunks >= 64);
   assert_int_equal(p.slices, 1);
 
-  /* forced at the default budget: one slice of all V, one tile */
+  /* forced at a budget that holds all M x V logits: one slice of all V, one
+   * tile (the default budget holds 512 token rows and a tile's records) */
   c.chunking = OSFT_FLCE_CHUNKING_VOCAB;
-  c.budget = 0;
+  c.budget = 2 * 512 * row;
   p = plan_of(&c, OSFT_STATUS_SUCCESS);
   assert_int_equal(p.chunking, OSFT_FLCE_CHUNKING_VOCAB);
   assert_int_equal(p.slices, 1);

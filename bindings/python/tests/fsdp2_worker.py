@@ -280,7 +280,9 @@ def case_ddp():
     proj.close()
 
 
-def case_llama():
+def case_llama(name="llama", **knob):
+    """`knob`: apply_osftrt's long-context options for the sharded model
+    only (the reference stays unpatched by them: same losses, same weights)."""
     import transformers
     from torch.distributed.fsdp import fully_shard
 
@@ -310,7 +312,9 @@ def case_llama():
         opt_r.step()
         opt_r.zero_grad()
         ref_losses.append(loss.item())
-    otf.apply_osftrt(model, osft=True, rank_ratio=0.5, projector=False)  # the shard-aware one comes after sharding
+    info = otf.apply_osftrt(model, osft=True, rank_ratio=0.5, projector=False, **knob)  # the projector after sharding
+    model.train()
+    check(all(m.gradient_checkpointing for m in model.model.layers) == bool(knob), "%s: checkpointing" % name)
     prepare_fsdp2(model)
     for layer in model.model.layers:
         fully_shard(layer, mesh=cpu_mesh())
@@ -319,8 +323,10 @@ def case_llama():
     proj = shard_aware_projector(model).attach(opt)
     losses, step = train(model, proj, opt, STEPS, batch, lm_loss)
     n = len(osft_modules(model))
-    compare("llama", model, base, losses, ref_losses, proj, step, loss_tol=1e-5, weight_tol=2e-5, per_step=2)
-    check(n == 14 and step["allreduce_calls"] < n, "llama: %d OSFT layers" % n)
+    compare(name, model, base, losses, ref_losses, proj, step, loss_tol=1e-5, weight_tol=2e-5, per_step=2)
+    check(n == 14 and step["allreduce_calls"] < n, "%s: %d OSFT layers" % (name, n))
+    if knob:
+        check(info.long_context.loss_memory_budget > 0, "%s: the loss's budget" % name)
     proj.close()
 
 
@@ -337,6 +343,8 @@ def main():
             case_ddp()
         elif c == "llama":
             case_llama()
+        elif c == "llama_long":  # apply_osftrt(activation_memory="min"): checkpointing under FSDP2
+            case_llama("llama_long", activation_memory="min")
         else:
             raise ValueError(c)
     finish(rank, world)

@@ -14,7 +14,13 @@
   :class:`~osftrt.torch.OSFTLinear` and an :class:`~osftrt.torch.OSFTProjector`
   is attached, so ``loss.backward(); optimizer.step()`` or
   ``transformers.Trainer`` keep every update orthogonal to the frozen
-  subspace with no extra calls.
+  subspace with no extra calls;
+* optionally (``activation_memory=`` bytes or ``"min"``) long context in
+  one setting: per-layer activation checkpointing that keeps only each
+  layer's input, those checkpoints offloaded to pinned host memory on a
+  GPU (brought back one layer ahead of the backward on a side stream), and
+  constant scratch budgets for the loss and the MLP tiles
+  (:mod:`osftrt.transformers.long_context`).
 
 Families (``config.model_type``): llama, mistral, qwen2, qwen3, gemma2,
 olmo2; one module each (``osftrt.transformers.llama``, ...) holds its patched
@@ -30,6 +36,7 @@ import weakref
 import torch.nn as nn
 
 from ..torch import LLAMA_LINEAR_NAMES, OSFTLinear, OSFTProjector, convert_linear_layers
+from . import long_context as _long_context
 from ._patch import Family, causal_lm_loss, patch_causal_lm, patch_mlps
 
 __all__ = ["apply_osftrt", "Patched", "merge_and_unpatch", "projector_of", "family_of", "causal_lm_loss", "FAMILIES",
@@ -57,11 +64,13 @@ class Patched:
     tiled_mlps: int
     osft_layers: dict  # qualified name -> OSFTLinear
     projector: OSFTProjector | None
+    long_context: _long_context.LongContextPlan | None = None  # what activation_memory arranged
 
 
 def apply_osftrt(model, *, fused_cross_entropy=True, tiled_mlp=True, osft=False, rank_ratio=0.5,
                  target_modules=LLAMA_LINEAR_NAMES, osft_dtype=None, projector=True, attach=True, optimizer=None,
-                 mlp_tile_tokens=None, mlp_memory_budget=None, cross_entropy_options=None) -> Patched:
+                 mlp_tile_tokens=None, mlp_memory_budget=None, cross_entropy_options=None, activation_memory=None,
+                 offload_checkpoints=None) -> Patched:
     """Patches a causal LM of a supported family in place (see the module's
     doc) and returns a :class:`Patched`.
 
@@ -77,8 +86,30 @@ def apply_osftrt(model, *, fused_cross_entropy=True, tiled_mlp=True, osft=False,
     mlp_tile_tokens / mlp_memory_budget: the tiling (default: tiles of at most
     `hidden` tokens). cross_entropy_options: extra options of
     fused_linear_cross_entropy (e.g. memory_budget, accumulator).
+
+    activation_memory: the bytes the step's activations may use, or "min"
+    ("as long as possible"): turns on per-layer activation checkpointing
+    that keeps only each decoder layer's input (Hugging Face's,
+    non-reentrant; also under FSDP2, whose hooks stay outside the
+    checkpoint), sets the loss's memory_budget and the MLP's tile budget to
+    constants (a sixteenth of the budget each, at least 16 MiB and 128 rows
+    of logits, at most 1 GiB; explicit mlp_tile_tokens / mlp_memory_budget /
+    cross_entropy_options["memory_budget"] win), and offloads the
+    checkpoints of layers that run on a GPU to pinned host memory, brought
+    back one layer ahead of the backward on a side stream
+    (offload_checkpoints=False keeps them on the device). The sequence that
+    fits is about (activation_memory - scratch) /
+    long_context.floor_bytes_per_token(config, dtype_bytes)["total"]
+    tokens; on the CPU, hidden 256 and 4 layers, about 15 KiB per token
+    (bench/results/long_context_cpu.md). None (default): none of this.
     """
     family = family_of(model)
+    lc = _long_context.plan_long_context(model, activation_memory, offload_checkpoints)
+    if lc is not None:
+        if mlp_tile_tokens is None and mlp_memory_budget is None:
+            mlp_memory_budget = lc.mlp_memory_budget
+        cross_entropy_options = dict(cross_entropy_options or {})
+        cross_entropy_options.setdefault("memory_budget", lc.loss_memory_budget)
     layers = {}
     if osft:
         names = target_modules
@@ -97,7 +128,8 @@ def apply_osftrt(model, *, fused_cross_entropy=True, tiled_mlp=True, osft=False,
     tiled = patch_mlps(model, family, model.config, tile_tokens=mlp_tile_tokens, memory_budget=mlp_memory_budget) if tiled_mlp else 0
     if fused_cross_entropy:
         patch_causal_lm(model, family, cross_entropy_options)
-    return Patched(model, family, bool(fused_cross_entropy), tiled, layers, projector)
+    _long_context.apply_plan(model, lc)
+    return Patched(model, family, bool(fused_cross_entropy), tiled, layers, projector, lc)
 
 
 def projector_of(model):
@@ -110,6 +142,7 @@ def merge_and_unpatch(model, dtype=None):
     OSFTLinear merged into an nn.Linear (dtype: the factors' by default), the
     projector detached. Returns the model, ready for ``save_pretrained``."""
     family = family_of(model)
+    _long_context.undo(model)
     projector = _projectors.pop(model, None)
     if projector is not None:
         projector.close()

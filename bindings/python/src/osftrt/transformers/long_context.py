@@ -1,0 +1,277 @@
+"""Long-context training in one setting: ``apply_osftrt(model,
+activation_memory=...)``.
+
+The memory a step's activations take is, per token, what every layer keeps
+for the backward plus one layer's working set, plus the scratch of the loss
+and of the MLP. This module arranges each part so that the step keeps
+about the floor:
+
+* per-layer activation checkpointing (Hugging Face's, non-reentrant): each
+  decoder layer keeps only its input, ``hidden x dtype`` bytes per token,
+  and recomputes the rest in the backward;
+* on a GPU, those checkpoints offloaded to pinned host memory on a side
+  stream in the forward and brought back on it one layer ahead of the
+  backward (:class:`CheckpointOffloader`), so the device holds at most two
+  layers' inputs;
+* the fused cross-entropy's ``memory_budget`` and the tiled MLP's tile
+  budget set to constants (no scratch that grows with the tokens).
+
+``activation_memory`` is the bytes the step's activations may use, or
+``"min"`` (alias ``"as long as possible"``): the smallest scratch that keeps
+the GEMMs efficient. The budget sizes the scratch (a sixteenth each for the
+loss and the MLP tile, within bounds); the sequence that fits is then about
+``(activation_memory - scratch) / floor_bytes_per_token(...)["total"]``
+tokens.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import weakref
+
+import torch
+
+MIN_ALIASES = ("min", "as long as possible")
+_MiB = 1 << 20
+# The scratch under "min": chunks of at least this many token rows of logits
+# (GEMMs near full speed; bench/results/flce_default_budget_cpu.md), and
+# tiles of the MLP within this many bytes.
+MIN_LOSS_ROWS = 128
+MIN_SCRATCH = 16 * _MiB
+MAX_SCRATCH = 1 << 30
+# Saved tensors smaller than this stay on the device (masks, positions).
+OFFLOAD_MIN_BYTES = 1 * _MiB
+
+
+@dataclasses.dataclass
+class LongContextPlan:
+    """What ``activation_memory`` arranged (:attr:`Patched.long_context`)."""
+
+    activation_memory: object  # bytes, or "min"
+    loss_memory_budget: int  # fused_linear_cross_entropy's memory_budget
+    mlp_memory_budget: int  # TiledMLPPlan(memory_budget=...)
+    checkpointing: bool  # per-layer, keeping only the layer input
+    offloader: "CheckpointOffloader | None"  # None: checkpoints stay where they are
+
+
+def parse_activation_memory(value):
+    """None, "min", or a positive number of bytes."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value.strip().lower() in MIN_ALIASES:
+            return "min"
+        raise ValueError("activation_memory: bytes or one of %s, got %r" % (", ".join(map(repr, MIN_ALIASES)), value))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError("activation_memory: a positive number of bytes, got %r" % (value,))
+    return int(value)
+
+
+def scratch_budgets(config, activation_memory):
+    """(loss memory_budget, MLP tile budget) in bytes for a budget (bytes or
+    "min"): a sixteenth of the budget each, at least the "min" scratch
+    (MIN_SCRATCH, and MIN_LOSS_ROWS rows of fp32 logits for the loss), at
+    most 1 GiB."""
+    vp = (int(config.vocab_size) + 15) // 16 * 16
+    loss_floor = max(MIN_SCRATCH, MIN_LOSS_ROWS * 4 * vp)
+    if activation_memory == "min":
+        return loss_floor, MIN_SCRATCH
+    share = activation_memory // 16
+    return min(MAX_SCRATCH, max(loss_floor, share)), min(MAX_SCRATCH, max(MIN_SCRATCH, share))
+
+
+def floor_bytes_per_token(config, dtype_bytes):
+    """The activation bytes per token a step cannot go below with per-layer
+    checkpointing, from the shapes (the figure bench_long_context.py prints
+    and test_long_context.py holds a layer to):
+
+    * ``checkpoints``: layers x hidden x dtype (each layer's input);
+    * ``layer``: one layer's working set while it is recomputed and
+      differentiated: what its ops save (the input norm's output, rotated q
+      and k, v, the attention output and its log-sum-exp, the post-attention
+      residual and its norm's output) and the gradients in flight (into and
+      out of the layer, and q's, k's and v's);
+    * ``loss``: the final norm's input, the loss input's gradient (held from
+      the fused forward to the backward), the token ids and labels and the
+      per-token statistics;
+    * ``total``: their sum. Constant scratch (the loss's chunks, the MLP's
+      tile, the weights' gradients) is not per token."""
+    h = int(config.hidden_size)
+    heads = int(config.num_attention_heads)
+    kv = int(getattr(config, "num_key_value_heads", None) or heads)
+    hd = int(getattr(config, "head_dim", None) or h // heads)
+    q, k = heads * hd, kv * hd
+    layers = int(config.num_hidden_layers)
+    b = int(dtype_bytes)
+    checkpoints = layers * h * b
+    saved = (h + q + 2 * k + q + h + h) * b + heads * 4
+    grads = (2 * h + q + 2 * k) * b
+    layer = saved + grads
+    loss = 2 * h * b + 16 + 16
+    return {"checkpoints": checkpoints, "layer": layer, "loss": loss, "total": checkpoints + layer + loss,
+            "checkpoint_per_layer": h * b}
+
+
+# --- offloading the checkpoints -------------------------------------------------
+class _CudaCopies:
+    """The copies of :class:`CheckpointOffloader` on CUDA: device to pinned
+    host and back, on one side stream per device, ordered by events against
+    the compute stream."""
+
+    def __init__(self):
+        self._streams = {}
+
+    def _side(self, device):
+        s = self._streams.get(device)
+        if s is None:
+            s = self._streams[device] = torch.cuda.Stream(device)
+        return s
+
+    def wants(self, t):
+        return t.device.type == "cuda"
+
+    def to_host(self, t):
+        side, cur = self._side(t.device), torch.cuda.current_stream(t.device)
+        side.wait_stream(cur)  # the producer of t first
+        with torch.cuda.stream(side):
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+        t.record_stream(side)  # t's memory is not reused before the copy ends
+        return host
+
+    def to_device(self, host, device):
+        side = self._side(device)  # after this host's own copy in (same stream)
+        with torch.cuda.stream(side):
+            dev = torch.empty(host.shape, dtype=host.dtype, device=device)
+            dev.copy_(host, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(side)
+        return dev, done
+
+    def ready(self, dev, done):
+        cur = torch.cuda.current_stream(dev.device)
+        cur.wait_event(done)
+        dev.record_stream(cur)  # allocated on the side stream, used here
+        return dev
+
+
+class _Packed:
+    """One offloaded tensor: its host copy, its device, the one packed
+    before it (the next to come back in the backward) and, once prefetched,
+    its device copy and the event that completes it."""
+
+    __slots__ = ("host", "device", "prev", "fetched", "__weakref__")
+
+    def __init__(self, host, device, prev):
+        self.host, self.device, self.prev, self.fetched = host, device, prev, None
+
+
+class CheckpointOffloader:
+    """Saved-tensor hooks (torch.autograd.graph.saved_tensors_hooks) around
+    each layer's checkpoint: the layer input the checkpoint saves goes to
+    pinned host memory in the forward; in the backward, bringing back layer
+    k's input starts bringing back layer k-1's on the side stream, so the
+    copy runs while layer k recomputes and differentiates.
+
+    `copies` does the device work (default CUDA; tests pass a fake that
+    copies between CPU tensors); tensors `copies.wants` not, or smaller than
+    min_bytes, stay as they are. Counters: offloaded, fetched, prefetched."""
+
+    def __init__(self, min_bytes=OFFLOAD_MIN_BYTES, copies=None):
+        self.min_bytes = int(min_bytes)
+        self.copies = copies if copies is not None else _CudaCopies()
+        self._last = None  # weakref to the last _Packed
+        self.offloaded = self.fetched = self.prefetched = 0
+
+    def pack(self, t):
+        if t.numel() * t.element_size() < self.min_bytes or not self.copies.wants(t):
+            return t
+        last = self._last() if self._last is not None else None
+        p = _Packed(self.copies.to_host(t), t.device, weakref.ref(last) if last is not None else None)
+        self._last = weakref.ref(p)
+        self.offloaded += 1
+        return p
+
+    def unpack(self, p):
+        if not isinstance(p, _Packed):
+            return p
+        if p.fetched is not None:
+            dev, done = p.fetched
+            p.fetched = None
+        else:
+            dev, done = self.copies.to_device(p.host, p.device)
+            self.fetched += 1
+        prev = p.prev() if p.prev is not None else None
+        if prev is not None and prev.fetched is None:
+            prev.fetched = self.copies.to_device(prev.host, prev.device)
+            self.prefetched += 1
+        return self.copies.ready(dev, done)
+
+    def checkpoint(self, function, *args, **kwargs):
+        """torch.utils.checkpoint.checkpoint (non-reentrant) with the saved
+        inputs offloaded: a drop-in for a layer's _gradient_checkpointing_func."""
+        kwargs.setdefault("use_reentrant", False)
+        with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+            return torch.utils.checkpoint.checkpoint(function, *args, **kwargs)
+
+
+# --- applying it ------------------------------------------------------------------
+def _checkpointed_layers(model):
+    return [m for m in model.modules() if getattr(m, "gradient_checkpointing", False)
+            and hasattr(m, "_gradient_checkpointing_func")]
+
+
+def enable_checkpointing(model, offloader=None):
+    """Hugging Face's per-layer activation checkpointing, non-reentrant (each
+    layer keeps its input), with `offloader`'s checkpoint function on every
+    checkpointed layer when given. Returns the layers."""
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    layers = _checkpointed_layers(model)
+    if offloader is not None:
+        for m in layers:
+            m._gradient_checkpointing_func = functools.partial(offloader.checkpoint, use_reentrant=False)
+    return layers
+
+
+def disable_checkpointing(model):
+    disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
+    disable()
+
+
+def plan_long_context(model, activation_memory, offload=None):
+    """The :class:`LongContextPlan` for `model` (a transformers causal LM)
+    and a budget; offload None: where CUDA is available, offload the
+    checkpoints of layers whose inputs are on a GPU (decided per tensor, so
+    a model moved to the GPU after apply_osftrt offloads too); True: that,
+    even where CUDA is not (yet) available; False: never. Without an
+    offloader the checkpoints are Hugging Face's own (and saved-tensor hooks
+    of the caller's, e.g. torch.autograd.graph.save_on_cpu, still see the
+    layer inputs)."""
+    budget = parse_activation_memory(activation_memory)
+    if budget is None:
+        return None
+    loss, mlp = scratch_budgets(model.config, budget)
+    if offload is None:
+        offload = torch.cuda.is_available()
+    offloader = CheckpointOffloader() if offload else None
+    return LongContextPlan(budget, loss, mlp, True, offloader)
+
+
+def apply_plan(model, plan):
+    """Turns on the plan's checkpointing (the budgets go to the loss and the
+    MLP through apply_osftrt); remembered for :func:`undo`."""
+    if plan is None:
+        return
+    enable_checkpointing(model, plan.offloader)
+    model._osftrt_long_context = plan
+
+
+def undo(model):
+    """Checkpointing off again, if apply_plan turned it on."""
+    if model.__dict__.pop("_osftrt_long_context", None) is not None:
+        disable_checkpointing(model)
