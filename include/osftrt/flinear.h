@@ -21,8 +21,8 @@
  *   dS_low = diag(U_low^T G V_low^T)   dx = g W     db = sum over rows of g
  * @endcode
  *
- * Two strategies compute this, and by default a cost model picks the
- * cheaper per call (osft_flinear_choose_strategy() reports it):
+ * Three strategies compute this, and by default a cost model picks the
+ * cheapest per call (osft_flinear_choose_strategy() reports it):
  * @code{.unparsed}
  *   OSFT_FLINEAR_FACTORIZED  GEMMs on the factors, 2*M*k*(N+K) flops
  *     forward; cheapest for few tokens M. The S scaling is applied to the
@@ -31,6 +31,10 @@
  *   OSFT_FLINEAR_DENSE  rebuild W = W_high + U_low diag(S_low) V_low, where
  *     W_high = U_high diag(S_high) V_high is cached (it is frozen), then
  *     dense GEMMs: plain fine-tuning's cost plus O(N*K*l) per pass.
+ *   OSFT_FLINEAR_HYBRID  (since 1.3) the dense forward and grad_x, the
+ *     trainable factors' gradients from the factors: 4*M*l*(N+K) flops
+ *     instead of G = g^T x's 2*M*N*K; the cheapest for many tokens when
+ *     l < N*K/(2*(N+K)) (a square layer: frozen ratio above ~0.75).
  * @endcode
  * Only frozen data is cached; nothing computed from trainable factors is
  * kept between calls, so an optimizer may update them in place at any time.
@@ -113,7 +117,15 @@ typedef struct osft_flinear_s *osft_flinear_t;
 typedef enum osft_flinear_strategy_e {
   OSFT_FLINEAR_AUTO = 0,       /**< the cost model decides per call */
   OSFT_FLINEAR_FACTORIZED = 1, /**< GEMMs on the factors */
-  OSFT_FLINEAR_DENSE = 2       /**< cached frozen product + rebuilt low part */
+  OSFT_FLINEAR_DENSE = 2,      /**< cached frozen product + rebuilt low part */
+  /** The forward and grad_x as OSFT_FLINEAR_DENSE (on the dense W), the
+   * trainable factors' gradients from the factors as
+   * OSFT_FLINEAR_FACTORIZED (g U_low, x V_low^T, then the products with g
+   * and x: about 4*M*l*(N+K) flops where the dense form's G = g^T x costs
+   * 2*M*N*K plus 4*N*K*l). Cheaper than both for many tokens and a small
+   * trainable rank: for a square layer, l < K/4 (a frozen ratio above
+   * about 0.75). Since library 1.3. */
+  OSFT_FLINEAR_HYBRID = 3
 } osft_flinear_strategy_t;
 
 /** @brief The six factors, for osft_flinear_get_factor(). Values fixed forever. */
@@ -338,7 +350,12 @@ OSFT_API osft_status_t osft_flinear_set_strategy(osft_flinear_t layer,
  * @param[in]  layer   The layer.
  * @param[in]  tokens  The number of rows M of the call, >= 0.
  * @param[in]  pass    The pass.
- * @param[out] chosen  Receives OSFT_FLINEAR_FACTORIZED or OSFT_FLINEAR_DENSE.
+ * For the forward, OSFT_FLINEAR_HYBRID computes as OSFT_FLINEAR_DENSE, and
+ * the cost model reports OSFT_FLINEAR_DENSE or OSFT_FLINEAR_FACTORIZED; for
+ * the backward it picks any of the three.
+ *
+ * @param[out] chosen  Receives OSFT_FLINEAR_FACTORIZED, OSFT_FLINEAR_DENSE
+ *                     or (since 1.3) OSFT_FLINEAR_HYBRID.
  * @retval OSFT_STATUS_SUCCESS  *chosen was written.
  * @retval OSFT_STATUS_INVALID_HANDLE  layer is not a live layer.
  * @retval OSFT_STATUS_INVALID_ARGUMENT  (chosen NULL, tokens < 0, unknown

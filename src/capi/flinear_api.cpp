@@ -116,7 +116,7 @@ OSFT_API osft_status_t osft_flinear_set_strategy(osft_flinear_t layer,
   return api_call("osft_flinear_set_strategy", [&] {
     osft::Layer &l = osft::checked_layer(layer, "layer");
     const int s = osft::raw_enum(strategy);
-    if (s < OSFT_FLINEAR_AUTO || s > OSFT_FLINEAR_DENSE)
+    if (s < OSFT_FLINEAR_AUTO || s > OSFT_FLINEAR_HYBRID)
       raise(OSFT_STATUS_INVALID_ARGUMENT,
             "strategy: %d is not an osft_flinear_strategy_t", s);
     l.strategy = strategy;

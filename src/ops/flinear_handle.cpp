@@ -213,7 +213,7 @@ osft_flinear_options_t read_flinear_options(const osft_flinear_options_t *user) 
     raise(OSFT_STATUS_INVALID_ARGUMENT, "opts->rank_ratio: %g is outside (0, 1)",
           o.rank_ratio);
   const int strategy = raw_enum(o.strategy);
-  if (strategy < OSFT_FLINEAR_AUTO || strategy > OSFT_FLINEAR_DENSE)
+  if (strategy < OSFT_FLINEAR_AUTO || strategy > OSFT_FLINEAR_HYBRID)
     raise(OSFT_STATUS_INVALID_ARGUMENT,
           "opts->strategy: %d is not an osft_flinear_strategy_t", strategy);
   if (o.factor_dtype.bits != 0 &&

@@ -20,7 +20,7 @@ from ._common import (
 __all__ = ["OSFTLinear", "convert_linear_layers", "LLAMA_LINEAR_NAMES"]
 
 LLAMA_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_STRATEGIES = {"auto": 0, "factorized": 1, "dense": 2}
+_STRATEGIES = {"auto": 0, "factorized": 1, "dense": 2, "hybrid": 3}
 
 
 class _FLinearFn(torch.autograd.Function):
