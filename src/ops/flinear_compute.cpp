@@ -154,19 +154,24 @@ Mat high_cache(Layer &l, const ScratchPlan &plan, const DenseSlots &slots) {
     throw;
   }
   l.w_high = fresh.data;
+  ++l.frozen_builds;
   return fresh;
 }
 
-/* A fingerprint of the trainable factors' current values, or 0 when the
- * backend cannot take one cheaply (CUDA: it would need a host sync). */
-uint64_t trainable_fingerprint(Layer &l) {
+/* What identifies the trainable factors' current values: a fingerprint of
+ * them where the backend takes one cheaply (not CUDA: it would need a host
+ * sync), mixed with the reported version where the caller reports changes
+ * (a report always rebuilds; an unreported write is still caught by the
+ * fingerprint). Only meaningful where weight_kept(l). */
+uint64_t weight_key(Layer &l) {
   const Backend &be = backend(*l.ctx);
-  if (be.fingerprint == nullptr) return 0;
+  uint64_t h = l.updates_reported ? l.trainable_version * 0xbf58476d1ce4e5b9ull : 0;
+  if (be.fingerprint == nullptr || l.fingerprints_off) return h;
   const FactorViews f = factor_views(l);
-  uint64_t h = be.fingerprint(*l.ctx, f.u_low);
+  h = h * 0x9e3779b97f4a7c15ull + be.fingerprint(*l.ctx, f.u_low);
   h = h * 0x9e3779b97f4a7c15ull + be.fingerprint(*l.ctx, as_row(f.s_low));
   h = h * 0x9e3779b97f4a7c15ull + be.fingerprint(*l.ctx, f.v_low);
-  return h | 1; /* never 0: 0 means "none" */
+  return h;
 }
 
 /* build_dense, with the low part's product on bf16 operands where us16 (an
@@ -174,6 +179,7 @@ uint64_t trainable_fingerprint(Layer &l) {
  * then runs on the engine's bf16 GEMM (fp32 accumulation into W). */
 void build_step_dense(Layer &l, const Mat &w, const ScratchPlan &plan,
                       const DenseSlots &slots, int us16) {
+  ++l.rebuilds;
   if (us16 < 0) return build_dense(l, w, plan, slots);
   Context &ctx = *l.ctx;
   const Backend &be = backend(ctx);
@@ -186,29 +192,31 @@ void build_step_dense(Layer &l, const Mat &w, const ScratchPlan &plan,
 }
 
 /* The current dense weight W kept by the layer between calls, rebuilt only
- * when the trainable factors changed (their fingerprint says so): the
- * forward and backward of a step, and every micro-batch of an accumulation,
- * share one rebuild. */
-Mat current_weight(Layer &l, uint64_t fingerprint, const ScratchPlan &plan,
+ * when the trainable factors changed (their key says so): the forward and
+ * backward of a step, and every micro-batch of an accumulation, share one
+ * rebuild. */
+Mat current_weight(Layer &l, uint64_t key, const ScratchPlan &plan,
                    const DenseSlots &slots, int us16) {
   const Mat w{l.w_cur, l.n, l.kin, l.kin, OSFTI_F32};
-  if (l.w_cur != nullptr && l.w_cur_fingerprint == fingerprint) return w;
+  if (l.w_cur != nullptr && l.w_cur_valid && l.w_cur_key == key) return w;
   Mat fresh = w;
   if (fresh.data == nullptr)
     fresh.data = memory_alloc(*l.ctx, static_cast<size_t>(l.n * l.kin) * sizeof(float),
                               "flinear current-weight cache");
   l.w_cur = fresh.data;
-  l.w_cur_fingerprint = 0; /* invalid until rebuilt */
+  l.w_cur_valid = false; /* invalid until rebuilt */
   build_step_dense(l, fresh, plan, slots, us16);
-  l.w_cur_fingerprint = fingerprint;
+  l.w_cur_key = key;
+  l.w_cur_valid = true;
   return fresh;
 }
 
 /* The dense weight in the compute dtype: the layer's current-weight cache
- * where fingerprints are available, else rebuilt into scratch. */
+ * where the layer keeps it (weight_kept), else rebuilt into scratch. */
 struct DenseWeight {
   DenseSlots slots;
-  uint64_t fingerprint = 0;
+  bool kept = false;
+  uint64_t key = 0;
   int w32 = -1, wc = -1;
   int us16 = -1; /* n x l bf16: U_low diag(S_low), dense_bf16_products only */
 };
@@ -218,16 +226,19 @@ DenseWeight plan_weight(Layer &l, osfti_dtype_t compute, ScratchPlan &plan) {
   d.slots = plan_dense(l, plan);
   if (dense_bf16_products(plan_shape(l), compute))
     d.us16 = plan.add_mat(l.n, l.l, OSFTI_BF16);
-  d.fingerprint = trainable_fingerprint(l);
-  if (d.fingerprint == 0) d.w32 = plan.add_mat(l.n, l.kin, OSFTI_F32);
+  d.kept = weight_kept(l);
+  if (d.kept)
+    d.key = weight_key(l);
+  else
+    d.w32 = plan.add_mat(l.n, l.kin, OSFTI_F32);
   if (compute != OSFTI_F32) d.wc = plan.add_mat(l.n, l.kin, compute);
   return d;
 }
 
 Mat build_weight(Layer &l, const ScratchPlan &plan, const DenseWeight &d) {
   Mat w32;
-  if (d.fingerprint != 0) {
-    w32 = current_weight(l, d.fingerprint, plan, d.slots, d.us16);
+  if (d.kept) {
+    w32 = current_weight(l, d.key, plan, d.slots, d.us16);
   } else {
     w32 = plan.mat(d.w32);
     build_step_dense(l, w32, plan, d.slots, d.us16);

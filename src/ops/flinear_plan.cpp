@@ -239,9 +239,14 @@ PlanShape plan_shape(const Layer &l) {
   p.allow_tf32 = l.ctx->allow_tf32;
   const Backend &be = backend(*l.ctx);
   p.native_bf16 = be.native_bf16_gemm != nullptr && be.native_bf16_gemm(*l.ctx);
-  p.kept = be.fingerprint != nullptr;
+  p.kept = weight_kept(l);
   p.workspace_limit = l.ctx->workspace_limit;
   return p;
+}
+
+bool weight_kept(const Layer &l) {
+  const bool fingerprints = backend(*l.ctx).fingerprint != nullptr && !l.fingerprints_off;
+  return fingerprints || l.updates_reported;
 }
 
 osft_flinear_strategy_t choose_strategy(const Layer &l, int64_t tokens,
