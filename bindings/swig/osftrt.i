@@ -98,6 +98,7 @@ OSFTRT_SIZED_STRUCT(osft_comm_stats_s, osft_comm_stats_t)
 OSFTRT_SIZED_STRUCT(osft_flce_plan_s, osft_flce_plan_t)
 OSFTRT_SIZED_STRUCT(osft_projector_info_s, osft_projector_info_t)
 OSFTRT_SIZED_STRUCT(osft_flinear_info_s, osft_flinear_info_t)
+OSFTRT_SIZED_STRUCT(osft_mlp_plan_s, osft_mlp_plan_t)
 
 /* ------------------------------------------------------------------------ */
 /* Python                                                                   */
