@@ -11,7 +11,7 @@ own process, same model, data and seed:
 4. ``peft_osf``      PEFT's OSF tuner at the rank ratio on the seven
    projections (q, k, v, o, gate, up, down);
 5. ``osftrt_osft``   ``apply_osftrt(model, osft=True, rank_ratio=...)`` with
-   the attached projector (gradients projected in backward, parameters after
+   the attached projector (gradients projected before the step, parameters after
    step); the same trainable set as (4);
 6. ``osftrt_fsdp2``  (5) under FSDP2 (``prepare_fsdp2``, ``fully_shard`` per
    decoder layer and root, ``shard_aware_projector``) in one process: NCCL on
