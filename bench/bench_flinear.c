@@ -11,7 +11,8 @@
  * each strategy forced.
  *
  *   bench_flinear [--device cpu|cuda] [--dtype fp32|bf16] [--scale S]
- *                 [--shapes NxK,...] [--tokens M,M,...] [--reps R] [--csv FILE]
+ *                 [--shapes NxK,...] [--tokens M,M,...] [--ratios F,F,...]
+ *                 [--reps R] [--csv FILE]
  *
  * CPU: fp32 by default (the engine's sgemm); S defaults to 4, tokens to
  * 512,4096,16384, R to 3. --dtype bf16 on the CPU: bf16 x, grad_y, factors
@@ -30,11 +31,12 @@
  *
  * Shapes are Llama-3.1-8B's projections (4096x4096, 1024x4096, 14336x4096,
  * 4096x14336, N out x K in) divided by S, or those of --shapes (not
- * scaled), rank ratio 0.5; one layer per
- * shape, decomposed once. Each step of the layer first changes the lowest
- * bits of S_low[0] (CPU), as an optimizer step changes the trainable factors, so
- * the dense form pays its once-per-step rebuild. Prints a table with times
- * (median of R rounds after one warm-up, host clock; the baseline and the
+ * scaled), at each frozen rank ratio of --ratios (default 0.5); one layer
+ * per shape and ratio, decomposed once. The layer is timed with auto and
+ * with each of the three strategies forced (factorized, dense, hybrid). Each step of the
+ * layer first changes the lowest bits of S_low[0] (CPU), as an optimizer step changes the
+ * trainable factors, so the dense form pays its once-per-step rebuild. Prints a table
+ * with times (median of R rounds after one warm-up, host clock; the baseline and the
  * three layer variants interleaved in each round) and ratios to dense and to unfused; on
  * CUDA also the peak device memory of the layer's context during the auto runs
  * (osft_context_get_memory_stats device_peak: factors, cache, workspace).
@@ -369,7 +371,8 @@ static double median_ms(step_fn f, void *arg, int reps) {
 /* One row of the table. */
 typedef struct {
   int n, k, m, r, l;
-  double dense, unfused, autot, fact, rebuild; /* ms; unfused < 0: not run */
+  double dense, unfused, autot, fact, rebuild, hybrid; /* ms; unfused < 0: not run */
+  double ratio;                                        /* frozen rank ratio */
   double peak_mib; /* the context's peak during the auto runs */
   osft_flinear_strategy_t fwd, bwd;
 } result;
@@ -419,16 +422,20 @@ static void time_osft(osft_run *o, step_fn base, void *base_arg, int reps, resul
   res->peak_mib = context_peak_mib(o->ctx, o->cuda);
   osft_once(o, OSFT_FLINEAR_FACTORIZED);
   osft_once(o, OSFT_FLINEAR_DENSE);
+  osft_once(o, OSFT_FLINEAR_HYBRID);
   base(base_arg);
-  double tb[32], ta[32], tf[32], td[32];
+  double tb[32], ta[32], tf[32], td[32], th[32];
   for (int i = 0; i < reps; ++i) {
     double t0 = now_ms();
     base(base_arg);
     tb[i] = now_ms() - t0;
     tf[i] = osft_once(o, OSFT_FLINEAR_FACTORIZED);
     td[i] = osft_once(o, OSFT_FLINEAR_DENSE);
+    th[i] = osft_once(o, OSFT_FLINEAR_HYBRID);
     ta[i] = osft_once(o, OSFT_FLINEAR_AUTO);
   }
+  sort_ms(th, reps);
+  res->hybrid = th[reps / 2];
   sort_ms(tb, reps);
   sort_ms(ta, reps);
   sort_ms(tf, reps);
@@ -526,27 +533,32 @@ static void cuda_case(osft_run *o, gpu_problem *p, int reps, result *res) {
 typedef struct {
   int cuda, bf16, scale, reps, n_tokens, tokens[8];
   int n_shapes, shapes[8][2]; /* --shapes (unscaled); 0: Llama's / scale */
+  int n_ratios;
+  double ratios[8]; /* --ratios: frozen rank ratios */
   const char *csv_path;
 } config;
 
 static const char *strategy_name(osft_flinear_strategy_t s) {
-  return s == OSFT_FLINEAR_DENSE ? "dense" : "factorized";
+  return s == OSFT_FLINEAR_DENSE    ? "dense"
+         : s == OSFT_FLINEAR_HYBRID ? "hybrid"
+                                    : "factorized";
 }
 
 static void print_header(const config *c) {
   printf("# %s\n", osft_build_info());
   if (c->cuda)
     printf(
-        "# bf16 (fp32 accumulate), CUDA, rank ratio 0.5, shapes / %d, median of %d; "
+        "# bf16 (fp32 accumulate), CUDA, shapes / %d, median of %d; "
         "unfused: see bench/gpu/peers_torch.py; peak: the context's device_peak "
         "(auto)\n",
         c->scale, c->reps);
   else
-    printf("# %s, CPU, rank ratio 0.5, shapes / %d, median of %d\n",
+    printf("# %s, CPU, shapes / %d, median of %d\n",
            c->bf16 ? "bf16 (fp32 accumulate)" : "fp32", c->n_shapes ? 1 : c->scale,
            c->reps);
-  printf("%-12s %6s | %9s %9s | %9s %9s %9s | %-10s | %8s %8s", "N x K", "M", "dense",
-         "unfused", "osft", "fact", "rebuild", "choice", "osft/dns", "unf/osft");
+  printf("%-12s %4s %6s | %9s %9s | %9s %9s %9s %9s | %-17s | %8s %8s %8s", "N x K",
+         "fro", "M", "dense", "unfused", "osft", "fact", "rebuild", "hybrid", "choice",
+         "osft/dns", "unf/osft", "osft/bst");
   if (c->cuda) printf(" | %8s", "peak MiB");
   printf("\n");
 }
@@ -559,9 +571,13 @@ static void print_row(const result *r, int cuda) {
     snprintf(unf, sizeof unf, "%.2f", r->unfused);
     snprintf(speedup, sizeof speedup, "%.3f", r->unfused / r->autot);
   }
-  printf("%-12s %6d | %9.2f %9s | %9.2f %9.2f %9.2f | %-10.10s | %8.3f %8s", shape, r->m,
-         r->dense, unf, r->autot, r->fact, r->rebuild, choice, r->autot / r->dense,
-         speedup);
+  double best = r->fact < r->rebuild ? r->fact : r->rebuild;
+  if (r->hybrid < best) best = r->hybrid;
+  printf(
+      "%-12s %4.2f %6d | %9.2f %9s | %9.2f %9.2f %9.2f %9.2f | %-17.17s | %8.3f %8s "
+      "%8.3f",
+      shape, r->ratio, r->m, r->dense, unf, r->autot, r->fact, r->rebuild, r->hybrid,
+      choice, r->autot / r->dense, speedup, r->autot / best);
   if (cuda) printf(" | %8.1f", r->peak_mib);
   printf("\n");
   fflush(stdout);
@@ -571,7 +587,7 @@ static void csv_header(FILE *csv) {
   fprintf(csv,
           "device,n,k,m,r,l,dense_ms,unfused_ms,auto_ms,factorized_ms,denseosft_ms,"
           "auto_choice_fwd,auto_choice_bwd,auto_over_dense,auto_speedup_vs_unfused,"
-          "osft_peak_mib\n");
+          "osft_peak_mib,hybrid_ms,rank_ratio\n");
 }
 
 /* unfused_ms and auto_speedup_vs_unfused are empty where unfused did not run. */
@@ -581,10 +597,10 @@ static void csv_row(FILE *csv, const result *r, int cuda) {
     snprintf(unf, sizeof unf, "%.3f", r->unfused);
     snprintf(speedup, sizeof speedup, "%.4f", r->unfused / r->autot);
   }
-  fprintf(csv, "%s,%d,%d,%d,%d,%d,%.3f,%s,%.3f,%.3f,%.3f,%s,%s,%.4f,%s,%.2f\n",
+  fprintf(csv, "%s,%d,%d,%d,%d,%d,%.3f,%s,%.3f,%.3f,%.3f,%s,%s,%.4f,%s,%.2f,%.3f,%.3f\n",
           cuda ? "cuda" : "cpu", r->n, r->k, r->m, r->r, r->l, r->dense, unf, r->autot,
           r->fact, r->rebuild, strategy_name(r->fwd), strategy_name(r->bwd),
-          r->autot / r->dense, speedup, r->peak_mib);
+          r->autot / r->dense, speedup, r->peak_mib, r->hybrid, r->ratio);
   fflush(csv);
 }
 
@@ -635,13 +651,15 @@ static void bench_case(const bench_env *e, osft_run *o, void *w, result *res) {
   cpu_case(o, w, e->c.reps, res);
 }
 
-/* One shape: the weight decomposed once, then every token count. */
-static void bench_shape(const bench_env *e, int n, int k) {
+/* One shape at one frozen rank ratio: the weight decomposed once, then
+ * every token count. */
+static void bench_shape(const bench_env *e, int n, int k, double ratio) {
   void *w = make_weight(e, n, k);
   int64_t wshape[2] = {n, k};
   DLTensor wt = dev_tensor(w, e->c.cuda, 0, 2, wshape);
   osft_flinear_options_t opts;
   CHECK(OSFT_FLINEAR_OPTIONS_INIT(&opts));
+  opts.rank_ratio = ratio;
   if (e->c.bf16) {
     opts.factor_dtype.code = kDLBfloat;
     opts.factor_dtype.bits = 16;
@@ -668,6 +686,7 @@ static void bench_shape(const bench_env *e, int n, int k) {
     res.m = e->c.tokens[ti];
     res.r = (int)r64;
     res.l = (int)l64;
+    res.ratio = ratio;
     bench_case(e, &o, w, &res);
     print_row(&res, e->c.cuda);
     if (e->csv) csv_row(e->csv, &res, e->c.cuda);
@@ -679,7 +698,7 @@ static void bench_shape(const bench_env *e, int n, int k) {
 static int usage(const char *argv0) {
   fprintf(stderr,
           "usage: %s [--device cpu|cuda] [--dtype fp32|bf16] [--scale S] "
-          "[--shapes NxK,..] [--tokens M,..] [--reps R] [--csv FILE]\n",
+          "[--shapes NxK,..] [--tokens M,..] [--ratios F,..] [--reps R] [--csv FILE]\n",
           argv0);
   return 2;
 }
@@ -712,6 +731,14 @@ static int parse_args(config *c, int argc, char **argv) {
         c->shapes[c->n_shapes][0] = n;
         c->shapes[c->n_shapes++][1] = k;
       }
+    } else if (!strcmp(argv[i], "--ratios") && has_value) {
+      c->n_ratios = 0;
+      for (char *tok = strtok(argv[++i], ","); tok && c->n_ratios < 8;
+           tok = strtok(NULL, ",")) {
+        const double f = atof(tok);
+        if (!(f > 0.0 && f < 1.0)) return usage(argv[0]);
+        c->ratios[c->n_ratios++] = f;
+      }
     } else if (!strcmp(argv[i], "--tokens") && has_value) {
       c->n_tokens = 0;
       for (char *tok = strtok(argv[++i], ","); tok && c->n_tokens < 8;
@@ -723,6 +750,10 @@ static int parse_args(config *c, int argc, char **argv) {
   if (c->cuda && c->bf16 == 0) c->bf16 = 1; /* CUDA runs bf16 only */
   if (c->scale < 1) c->scale = c->cuda ? 1 : 4;
   if (c->reps < 1 || c->reps > 31) c->reps = c->cuda ? 5 : 3;
+  if (c->n_ratios == 0) {
+    c->n_ratios = 1;
+    c->ratios[0] = 0.5;
+  }
   if (c->n_tokens == 0) {
     const int cpu[3] = {512, 4096, 16384};
     c->n_tokens = c->cuda ? 1 : 3;
@@ -779,12 +810,15 @@ int main(int argc, char **argv) {
   print_header(&e.c);
   env_open(&e);
   const int shapes[4][2] = {{4096, 4096}, {1024, 4096}, {14336, 4096}, {4096, 14336}};
-  if (e.c.n_shapes > 0)
-    for (int s = 0; s < e.c.n_shapes; ++s)
-      bench_shape(&e, e.c.shapes[s][0], e.c.shapes[s][1]);
-  else
-    for (int s = 0; s < 4; ++s)
-      bench_shape(&e, shapes[s][0] / e.c.scale, shapes[s][1] / e.c.scale);
+  for (int q = 0; q < e.c.n_ratios; ++q) {
+    const double f = e.c.ratios[q];
+    if (e.c.n_shapes > 0)
+      for (int s = 0; s < e.c.n_shapes; ++s)
+        bench_shape(&e, e.c.shapes[s][0], e.c.shapes[s][1], f);
+    else
+      for (int s = 0; s < 4; ++s)
+        bench_shape(&e, shapes[s][0] / e.c.scale, shapes[s][1] / e.c.scale, f);
+  }
   env_close(&e);
   return 0;
 }

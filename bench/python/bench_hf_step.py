@@ -11,7 +11,7 @@ own process, same model, data and seed:
 4. ``peft_osf``      PEFT's OSF tuner at the rank ratio on the seven
    projections (q, k, v, o, gate, up, down);
 5. ``osftrt_osft``   ``apply_osftrt(model, osft=True, rank_ratio=...)`` with
-   the attached projector (gradients projected in backward, parameters after
+   the attached projector (gradients projected before the step, parameters after
    step); the same trainable set as (4);
 6. ``osftrt_fsdp2``  (5) under FSDP2 (``prepare_fsdp2``, ``fully_shard`` per
    decoder layer and root, ``shard_aware_projector``) in one process: NCCL on
@@ -29,6 +29,15 @@ after --warmup (each step synchronized). The losses: the first step's
 compared. Orthogonality, max(|U_high^T U_low|, |V_low V_high^T|) over every
 layer after the steps: (4) from PEFT's factors (its frozen part recovered by
 ``osftrt.peft.peft_frozen_factors``), (5) and (6) from the projector.
+
+--micro-batches N: N forward+backward passes (gradient accumulation) per
+optimizer step, the step time covering all of them. Beside each time: the
+variant's GEMM flops per optimizer step (forward, backward, the rebuilds of
+the OSFT layers' dense W, the projections), counted from the model's shapes,
+the library's strategy per layer (osft_flinear_choose_strategy) and what the
+run did (OSFTLinear.info()'s rebuilds, the projector's projections, averaged
+over the timed steps), and the time per GEMM flop against full fine-tuning's
+(variants 1-3, 5; n/a for PEFT, Liger and FSDP2).
 
 --profile adds one step after the timed ones, timed per phase (CUDA events
 on the GPU): attention (the self-attention modules, their projections
@@ -173,6 +182,83 @@ def prepare(variant, a):
         model, proj = _fsdp2(a, model)
     inner = model.get_base_model() if variant == "peft_osf" else model
     return model, [p for p in model.parameters() if p.requires_grad], proj, inner
+
+
+# ------------------------------------------------------- GEMM flop count
+def _linear_shapes(a):
+    """{name: (N out, K in)} of a decoder layer's seven projections."""
+    kv = a.kv_heads * (a.hidden // a.heads)
+    return {"q_proj": (a.hidden, a.hidden), "k_proj": (kv, a.hidden), "v_proj": (kv, a.hidden),
+            "o_proj": (a.hidden, a.hidden), "gate_proj": (a.intermediate, a.hidden),
+            "up_proj": (a.intermediate, a.hidden), "down_proj": (a.hidden, a.intermediate)}
+
+
+def _osft_pass_flops(m, t, dx):
+    """(forward, backward) GEMM flops of one OSFTLinear call on t tokens with
+    the strategies the library chooses (include/osftrt/flinear.h); the
+    rebuild of W is counted apart. dx: whether grad_x is computed."""
+    from osftrt import capi
+
+    n, k, r, l = m.out_features, m.in_features, m.rank, m.s_low.shape[0]
+    kk = r + l
+    h = m._layer_handle()
+    fs = capi.osft_flinear_choose_strategy(h, t, capi.OSFT_FLINEAR_FORWARD)
+    bs = capi.osft_flinear_choose_strategy(h, t, capi.OSFT_FLINEAR_BACKWARD)
+    fwd = 2 * t * kk * (n + k) if fs == capi.OSFT_FLINEAR_FACTORIZED else 2 * t * n * k
+    if bs == capi.OSFT_FLINEAR_DENSE:
+        bwd = (2 * t * n * k if dx else 0) + 2 * t * n * k + 4 * n * k * l
+    elif bs == capi.OSFT_FLINEAR_HYBRID:
+        bwd = (2 * t * n * k if dx else 0) + 4 * t * l * (n + k)
+    else:  # factorized: A = g U (g U_low without dx), A V, x V_low^T, dV_low, dU_low
+        bwd = 2 * t * n * (kk if dx else l) + (2 * t * kk * k if dx else 0) + 4 * t * k * l + 2 * t * n * l
+    return fwd, bwd
+
+
+def gemm_flops(variant, a, model, proj, counts):
+    """GEMM flops per optimizer step {forward, backward, rebuild, projections,
+    total}, or None where not counted. counts: {"rebuilds", "gradients",
+    "parameters"} per optimizer step, measured."""
+    if variant not in ("hf", "osftrt", "osftrt_osft"):
+        return None
+    from osftrt.torch import OSFTLinear
+
+    t, mb = a.batch * a.seq, a.micro_batches
+    fwd = bwd = rebuild = projections = 0
+    # attention (SDPA): Q K^T and P V, 2*S*H each per token; backward twice
+    att = 4 * t * a.seq * a.hidden * a.layers
+    fwd, bwd = att, 2 * att
+    osft = {n: m for n, m in model.named_modules() if isinstance(m, OSFTLinear)}
+    tiled = variant != "hf"  # apply_osftrt's tiled MLP recomputes gate and up in the backward
+    for i in range(a.layers):
+        for name, (n, k) in _linear_shapes(a).items():
+            m = next((m for q, m in osft.items() if q.endswith("layers.%d.mlp.%s" % (i, name))
+                      or q.endswith("layers.%d.self_attn.%s" % (i, name))), None)
+            dx = not (osft and i == 0 and name in ("q_proj", "k_proj", "v_proj"))  # nothing below trains
+            if m is None:
+                f, b = 2 * t * n * k, (4 if dx else 2) * t * n * k
+            else:
+                f, b = _osft_pass_flops(m, t, dx)
+                r, l = m.rank, m.s_low.shape[0]
+                # one call of each projection covers every layer: 4*r*l*(N+K) per layer
+                projections += 4 * r * l * (n + k) * (counts["gradients"] + counts["parameters"])
+            fwd += f
+            bwd += b + (f if tiled and name in ("gate_proj", "up_proj") else 0)
+    for m in osft.values():
+        rebuild += 2 * m.out_features * m.in_features * m.s_low.shape[0] * counts["rebuilds"] / len(osft)
+    head = 2 * t * a.vocab * a.hidden  # the head is frozen under OSFT: no weight gradient
+    fwd, bwd = fwd + head, bwd + (head if osft else 2 * head)
+    out = {"forward": mb * fwd, "backward": mb * bwd, "rebuild": rebuild, "projections": projections}
+    out["total"] = sum(out.values())
+    return out
+
+
+def _osft_counts(model, proj):
+    from osftrt.torch import OSFTLinear
+
+    layers = [m for m in model.modules() if isinstance(m, OSFTLinear)]
+    p = proj.projections if proj is not None else {}
+    return {"rebuilds": sum(m.info()["rebuilds"] for m in layers), "gradients": p.get("gradients", 0),
+            "parameters": p.get("parameters", 0)}
 
 
 # ------------------------------------------------------------ the profile
@@ -383,14 +469,19 @@ def run_variant(variant, a):
     setup_s = time.perf_counter() - t0
     batches = _batches(a)
     times, losses = [], []
+    counted = variant in ("hf", "osftrt", "osftrt_osft")
     for i in range(a.warmup + a.steps):
         if i == a.warmup:
             base = _memory_start(a)
+            if counted:
+                before = _osft_counts(model, proj)
         _sync(a)
         t = time.perf_counter()
-        with _autocast(a):
-            loss = model(input_ids=batches[i % len(batches)], labels=batches[i % len(batches)]).loss
-        loss.backward()
+        for j in range(a.micro_batches):  # gradient accumulation
+            b = batches[(i * a.micro_batches + j) % len(batches)]
+            with _autocast(a):
+                loss = model(input_ids=b, labels=b).loss / a.micro_batches
+            loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         _sync(a)
@@ -401,6 +492,11 @@ def run_variant(variant, a):
     out = {"variant": variant, "step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
            "peak_bytes": peak, "peak_above_bytes": peak - base, "state_bytes": base, "first_loss": losses[0],
            "last_loss": losses[-1], "trainable": sum(p.numel() for p in params), "setup_s": setup_s}
+    if counted:
+        after = _osft_counts(model, proj)
+        per_step = {k: (after[k] - before[k]) / a.steps for k in after}
+        out["counts_per_step"] = per_step
+        out["gemm_flops"] = gemm_flops(variant, a, model, proj, per_step)
     if variant in OSFT_VARIANTS:
         out["orthogonality"] = orthogonality(variant, model, proj)
     if a.profile:
@@ -450,11 +546,14 @@ def table(rows, a, cmd):
         "- step: forward + backward + AdamW (+ projections), synchronized; median of %d steps after %d; peak: %s; "
         "each variant in its own process" % (a.steps, a.warmup, "torch.cuda.max_memory_allocated over the timed "
                                               "steps" if cuda else "resident set above the one before the steps"),
+        "- %d micro-batch(es) of %d tokens per optimizer step (gradient accumulation); step ms and GFLOP are per "
+        "optimizer step" % (a.micro_batches, tok),
         "- command: `python bench/python/bench_hf_step.py %s`" % " ".join(cmd),
         "",
         "| variant | trainable | step ms (min) | tokens/s | peak %s | first loss | last loss | orthogonality |" % unit,
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    tok *= a.micro_batches
     peak_key = "peak_bytes" if cuda else "peak_above_bytes"
     for v in a.variant_list:
         r = rows[v]
@@ -465,6 +564,23 @@ def table(rows, a, cmd):
             LABELS[v], r["trainable"], r["step_ms"], r["step_ms_min"], tok / r["step_ms"] * 1e3,
             r[peak_key] / scale, r["first_loss"], r["last_loss"],
             "%.1e" % r["orthogonality"] if "orthogonality" in r else "-"))
+    counted = [v for v in a.variant_list if rows[v].get("gemm_flops")]
+    if counted:
+        ft = next((rows[v] for v in ("osftrt", "hf") if v in counted), None)
+        ft_rate = ft["step_ms"] / ft["gemm_flops"]["total"] if ft else None
+        lines += ["", "GEMM flops per optimizer step (GFLOP; counted: shapes, the library's strategies, the rebuilds and "
+                  "projections the run made), and time per GEMM flop against full fine-tuning's (%s):" % (
+                      "osftrt" if "osftrt" in counted else "hf"), "",
+                  "| variant | forward | backward | rebuild | projections | total | rebuilds/step | projections/step "
+                  "(grad, param) | step ms | ms per TFLOP | per flop vs full FT | step vs full FT |",
+                  "| --- |" + " ---: |" * 11]
+        for v in counted:
+            g, c, ms = rows[v]["gemm_flops"], rows[v]["counts_per_step"], rows[v]["step_ms"]
+            lines.append("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f, %.2f | %.0f | %.1f | %s | %s |" % (
+                LABELS[v], g["forward"] / 1e9, g["backward"] / 1e9, g["rebuild"] / 1e9, g["projections"] / 1e9,
+                g["total"] / 1e9, c["rebuilds"], c["gradients"], c["parameters"], ms, ms / g["total"] * 1e12,
+                "%.3fx" % (ms / g["total"] / ft_rate) if ft_rate else "n/a",
+                "%.3fx" % (ms / ft["step_ms"]) if ft else "n/a"))
     tol = 2e-2 if a.precision == "bf16" else 2e-3
     o = rows.get("osftrt_osft", {})
     lines += [
@@ -502,6 +618,7 @@ def parse(argv):
     p.add_argument("--rank-ratio", type=float, default=0.5)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--batches", type=int, default=4, help="distinct batches, cycled through the steps")
+    p.add_argument("--micro-batches", type=int, default=1, help="forward+backward passes per optimizer step")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (--device cpu)")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
     p.add_argument("--profile", action="store_true", help="time one more step per phase")

@@ -89,6 +89,8 @@ OSFTRT_INIT_STRUCT(osft_memory_stats_s, osft_memory_stats_t, osft_memory_stats_i
 OSFTRT_INIT_STRUCT(osft_comm_stats_s, osft_comm_stats_t, osft_comm_stats_init, OSFT_COMM_STATS_INIT)
 OSFTRT_INIT_STRUCT(osft_flce_plan_s, osft_flce_plan_t, osft_flce_plan_init, OSFT_FLCE_PLAN_INIT)
 OSFTRT_INIT_STRUCT(osft_projector_info_s, osft_projector_info_t, osft_projector_info_init, OSFT_PROJECTOR_INFO_INIT)
+OSFTRT_INIT_STRUCT(osft_flinear_info_s, osft_flinear_info_t, osft_flinear_info_init, OSFT_FLINEAR_INFO_INIT)
+OSFTRT_INIT_STRUCT(osft_mlp_plan_s, osft_mlp_plan_t, osft_mlp_plan_init, OSFT_MLP_PLAN_INIT)
 
 /* ------------------------------------------------------------------------ */
 /* Python                                                                   */

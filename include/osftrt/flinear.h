@@ -21,8 +21,8 @@
  *   dS_low = diag(U_low^T G V_low^T)   dx = g W     db = sum over rows of g
  * @endcode
  *
- * Two strategies compute this, and by default a cost model picks the
- * cheaper per call (osft_flinear_choose_strategy() reports it):
+ * Three strategies compute this, and by default a cost model picks the
+ * cheapest per call (osft_flinear_choose_strategy() reports it):
  * @code{.unparsed}
  *   OSFT_FLINEAR_FACTORIZED  GEMMs on the factors, 2*M*k*(N+K) flops
  *     forward; cheapest for few tokens M. The S scaling is applied to the
@@ -31,9 +31,22 @@
  *   OSFT_FLINEAR_DENSE  rebuild W = W_high + U_low diag(S_low) V_low, where
  *     W_high = U_high diag(S_high) V_high is cached (it is frozen), then
  *     dense GEMMs: plain fine-tuning's cost plus O(N*K*l) per pass.
+ *   OSFT_FLINEAR_HYBRID  (since 1.3) the dense forward and grad_x, the
+ *     trainable factors' gradients from the factors: 4*M*l*(N+K) flops
+ *     instead of G = g^T x's 2*M*N*K; the cheapest for many tokens when
+ *     l < N*K/(2*(N+K)) (a square layer: frozen ratio above ~0.75).
  * @endcode
- * Only frozen data is cached; nothing computed from trainable factors is
- * kept between calls, so an optimizer may update them in place at any time.
+ * The frozen product is cached. The dense W rebuilt from the trainable
+ * factors is kept between calls (the forward and backward of a step and
+ * every micro-batch of a gradient accumulation share one rebuild) only
+ * while the runtime knows the factors did not change: on the CPU it
+ * fingerprints their values at every call (any write is seen); elsewhere
+ * (CUDA, where a fingerprint would need a host sync) it keeps W only for a
+ * layer created with trainable_updates = OSFT_FLINEAR_UPDATES_REPORTED,
+ * whose caller reports every change (osft_flinear_mark_updated(); taking a
+ * view of a trainable factor with osft_flinear_get_factor() counts as one),
+ * and otherwise rebuilds W at every call. So an optimizer may update the
+ * trainable factors in place at any time under the default.
  *
  * @par Precision
  * Factors are fp32 or bf16 (all six of one dtype); activations x,
@@ -113,7 +126,15 @@ typedef struct osft_flinear_s *osft_flinear_t;
 typedef enum osft_flinear_strategy_e {
   OSFT_FLINEAR_AUTO = 0,       /**< the cost model decides per call */
   OSFT_FLINEAR_FACTORIZED = 1, /**< GEMMs on the factors */
-  OSFT_FLINEAR_DENSE = 2       /**< cached frozen product + rebuilt low part */
+  OSFT_FLINEAR_DENSE = 2,      /**< cached frozen product + rebuilt low part */
+  /** The forward and grad_x as OSFT_FLINEAR_DENSE (on the dense W), the
+   * trainable factors' gradients from the factors as
+   * OSFT_FLINEAR_FACTORIZED (g U_low, x V_low^T, then the products with g
+   * and x: about 4*M*l*(N+K) flops where the dense form's G = g^T x costs
+   * 2*M*N*K plus 4*N*K*l). Cheaper than both for many tokens and a small
+   * trainable rank: for a square layer, l < K/4 (a frozen ratio above
+   * about 0.75). Since library 1.3. */
+  OSFT_FLINEAR_HYBRID = 3
 } osft_flinear_strategy_t;
 
 /** @brief The six factors, for osft_flinear_get_factor(). Values fixed forever. */
@@ -132,6 +153,24 @@ typedef enum osft_flinear_pass_e {
   OSFT_FLINEAR_BACKWARD = 1 /**< osft_flinear_backward() */
 } osft_flinear_pass_t;
 
+/** @brief How a layer learns that its trainable factors changed, for
+ * osft_flinear_options_t::trainable_updates (since 1.3). Values fixed
+ * forever. */
+typedef enum osft_flinear_updates_e {
+  /** The runtime finds out by itself: it fingerprints the trainable factors'
+   * values at every call where that is cheap (CPU) and keeps the rebuilt W
+   * while they match; where it is not (CUDA) W is rebuilt at every call. */
+  OSFT_FLINEAR_UPDATES_DETECTED = 0,
+  /** The caller reports every change of the trainable factors made other
+   * than through the runtime (osft_flinear_mark_updated(); taking a view
+   * with osft_flinear_get_factor() of U_low, S_low or V_low counts as a
+   * report), and the rebuilt W is kept until the next report on every
+   * device. Where fingerprints are cheap (CPU) they are still checked, so
+   * an unreported write is caught there; elsewhere it would leave W stale
+   * (the caller's contract). */
+  OSFT_FLINEAR_UPDATES_REPORTED = 1
+} osft_flinear_updates_t;
+
 /** @brief Options for creating a layer. Initialize with OSFT_FLINEAR_OPTIONS_INIT. */
 typedef struct osft_flinear_options_s {
   size_t struct_size; /**< sizeof(osft_flinear_options_t) as compiled */
@@ -145,6 +184,9 @@ typedef struct osft_flinear_options_s {
    * kDLFloat/32 or kDLBfloat/16. bits == 0 (the default) means the
    * weight's own dtype (an fp64 weight gives fp32 factors). */
   DLDataType factor_dtype;
+  /** How the layer learns that its trainable factors changed (since 1.3;
+   * osft_flinear_updates_t). Default OSFT_FLINEAR_UPDATES_DETECTED. */
+  osft_flinear_updates_t trainable_updates;
 } osft_flinear_options_t;
 
 /**
@@ -244,7 +286,8 @@ OSFT_API osft_status_t osft_flinear_factors_init(osft_flinear_factors_t *factors
  *
  * @param[in]  ctx      The context.
  * @param[in]  factors  The six factors (osft_flinear_factors_t).
- * @param[in]  opts     The options (only strategy is used), or NULL.
+ * @param[in]  opts     The options (only strategy and trainable_updates
+ *                      are used), or NULL.
  * @param[out] layer    Receives the new layer.
  * @return Errors: as for osft_flinear_create_from_weight, with the shape rules
  * above (a message names the factor).
@@ -298,7 +341,9 @@ OSFT_API osft_status_t osft_flinear_get_dims(osft_flinear_t layer, int64_t *out_
  * The shape and strides arrays belong to the
  * layer and stay valid until it is destroyed or re-decomposed. Writing
  * through the view updates the layer (frozen factors: call
- * osft_flinear_refresh() afterwards).
+ * osft_flinear_refresh() afterwards). A view of U_low, S_low or V_low
+ * counts as a report of a change (osft_flinear_mark_updated()): the next
+ * call that needs the dense W rebuilds it.
  *
  * @param[in]  layer  The layer.
  * @param[in]  which  The factor.
@@ -338,7 +383,12 @@ OSFT_API osft_status_t osft_flinear_set_strategy(osft_flinear_t layer,
  * @param[in]  layer   The layer.
  * @param[in]  tokens  The number of rows M of the call, >= 0.
  * @param[in]  pass    The pass.
- * @param[out] chosen  Receives OSFT_FLINEAR_FACTORIZED or OSFT_FLINEAR_DENSE.
+ * For the forward, OSFT_FLINEAR_HYBRID computes as OSFT_FLINEAR_DENSE, and
+ * the cost model reports OSFT_FLINEAR_DENSE or OSFT_FLINEAR_FACTORIZED; for
+ * the backward it picks any of the three.
+ *
+ * @param[out] chosen  Receives OSFT_FLINEAR_FACTORIZED, OSFT_FLINEAR_DENSE
+ *                     or (since 1.3) OSFT_FLINEAR_HYBRID.
  * @retval OSFT_STATUS_SUCCESS  *chosen was written.
  * @retval OSFT_STATUS_INVALID_HANDLE  layer is not a live layer.
  * @retval OSFT_STATUS_INVALID_ARGUMENT  (chosen NULL, tokens < 0, unknown
@@ -512,6 +562,80 @@ OSFT_API osft_status_t osft_flinear_redecompose(osft_flinear_t layer,
  * @retval OSFT_STATUS_INVALID_HANDLE  layer is not a live layer.
  */
 OSFT_API osft_status_t osft_flinear_refresh(osft_flinear_t layer);
+
+/**
+ * @brief Reports that the trainable factors (U_low, S_low, V_low) changed:
+ * the dense W kept from them is rebuilt at the next call that needs it
+ * (since 1.3).
+ *
+ * Needed only for a layer created with trainable_updates =
+ * OSFT_FLINEAR_UPDATES_REPORTED, after each change made other than through
+ * the runtime (an optimizer step, a copy into the factors); harmless
+ * otherwise. Cheap (no device work): call it once per optimizer step, not
+ * per micro-batch.
+ *
+ * @param[in] layer  The layer.
+ * @retval OSFT_STATUS_SUCCESS  The change is recorded.
+ * @retval OSFT_STATUS_INVALID_HANDLE  layer is not a live layer.
+ */
+OSFT_API osft_status_t osft_flinear_mark_updated(osft_flinear_t layer);
+
+/** @brief What a layer has done so far, for osft_flinear_get_info() (since
+ * 1.3). Counters start at 0 when the layer is created. */
+typedef struct osft_flinear_info_s {
+  size_t struct_size; /**< sizeof(osft_flinear_info_t) as compiled */
+  /** Rebuilds of the dense W from the trainable factors (the dense and
+   * hybrid strategies' O(N*K*l) GEMM), kept or into scratch. */
+  uint64_t rebuilds;
+  /** Builds of the frozen product U_high diag(S_high) V_high (once, and
+   * again after osft_flinear_refresh() or osft_flinear_redecompose()). */
+  uint64_t frozen_builds;
+  /** Reports of a change of the trainable factors so far
+   * (osft_flinear_mark_updated(), views of trainable factors). */
+  uint64_t trainable_version;
+  /** 1 while a rebuilt W is kept for the next call, else 0. */
+  int weight_kept;
+} osft_flinear_info_t;
+
+/**
+ * @brief Fills *info with zeros for a struct of struct_size bytes and sets
+ * info->struct_size = struct_size, ready for osft_flinear_get_info().
+ *
+ * Pass sizeof(osft_flinear_info_t), or use OSFT_FLINEAR_INFO_INIT(&s).
+ * Added in 1.3.0.
+ *
+ * @param[out] info  The struct to fill.
+ * @param[in]  struct_size  sizeof(*info) as the caller compiled it.
+ * @retval OSFT_STATUS_SUCCESS  The struct was filled.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  info is NULL.
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.3 layout.
+ * @par Thread safety
+ * Thread-safe (touches only *info).
+ */
+OSFT_API osft_status_t osft_flinear_info_init(osft_flinear_info_t *info,
+                                              size_t struct_size);
+#define OSFT_FLINEAR_INFO_INIT(i) osft_flinear_info_init((i), sizeof(*(i)))
+
+/**
+ * @brief Writes what the layer has done so far (osft_flinear_info_t) into
+ * *info, whose struct_size the caller sets (since 1.3).
+ *
+ * @param[in]  layer  The layer.
+ * @param[out] info   Receives the counters; info->struct_size is read.
+ * @retval OSFT_STATUS_SUCCESS  *info was written.
+ * @retval OSFT_STATUS_INVALID_HANDLE  layer is not a live layer.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  info is NULL.
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  info->struct_size below the 1.3
+ *   layout.
+ */
+OSFT_API osft_status_t osft_flinear_get_info(osft_flinear_t layer,
+                                             osft_flinear_info_t *info);
+
+/**
+ * @def OSFT_FLINEAR_INFO_INIT(i)
+ * @brief osft_flinear_info_init() with the struct's own size.
+ * @param i  Pointer to an osft_flinear_info_t.
+ */
 
 /**
  * @def OSFT_FLINEAR_OPTIONS_INIT(o)

@@ -78,7 +78,17 @@
  * the call (through the context's allocator, freed before the call returns),
  * because the layer's own scratch (see osftrt/flinear.h) takes the context's
  * workspace, which the call grows for it before writing anything. Nothing
- * is kept between calls.
+ * is kept between calls, except where the budget allows it (since 1.3):
+ * with OSFT_MLP_TILING_BUDGET, where memory_budget holds every tile's
+ * intermediates (M times the per-token backward bytes above), the forward
+ * keeps its gate and up outputs, M * I * e bytes each (the up output alone
+ * for plain variants), allocated through the context's allocator, and the
+ * backward of the same x (same data, rows and dtype; on the CPU also the
+ * same values, fingerprinted) uses them instead of recomputing that
+ * forward: the recompute's extra GEMMs (about 1/3 of the backward's) are
+ * dropped. The backward frees them; so do the next forward (which keeps
+ * its own) and osft_mlp_destroy(). osft_mlp_get_plan() reports which
+ * applies.
  *
  * @par Tiling
  * Tiling: see osft_mlp_options_t and osft_mlp_get_tile_count(). Every call
@@ -316,6 +326,58 @@ OSFT_API osft_status_t osft_mlp_destroy(osft_mlp_t mlp);
 OSFT_API osft_status_t osft_mlp_get_tile_count(osft_mlp_t mlp, int64_t tokens,
                                                int64_t *num_tiles, int64_t *tile_tokens);
 
+/** @brief What a forward and backward over a number of tokens do, for
+ * osft_mlp_get_plan() (since 1.3). */
+typedef struct osft_mlp_plan_s {
+  size_t struct_size;  /**< sizeof(osft_mlp_plan_t) as compiled */
+  int64_t num_tiles;   /**< tiles of the calls */
+  int64_t tile_tokens; /**< the most tokens in one tile */
+  /** 1: the backward recomputes each tile's forward (gate and up); 0: the
+   * forward keeps them for the backward (the budget holds every tile's
+   * intermediates; see the header's Memory section). */
+  int recompute;
+  /** Bytes the forward keeps for the backward (0 where it recomputes). */
+  size_t kept_bytes;
+} osft_mlp_plan_t;
+
+/**
+ * @brief Fills *plan with zeros for a struct of struct_size bytes and sets
+ * plan->struct_size = struct_size, ready for osft_mlp_get_plan().
+ *
+ * Pass sizeof(osft_mlp_plan_t), or use OSFT_MLP_PLAN_INIT(&s). Added in
+ * 1.3.0.
+ *
+ * @param[out] plan  The struct to fill.
+ * @param[in]  struct_size  sizeof(*plan) as the caller compiled it.
+ * @retval OSFT_STATUS_SUCCESS  The struct was filled.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  plan is NULL.
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.3 layout.
+ * @par Thread safety
+ * Thread-safe (touches only *plan).
+ */
+OSFT_API osft_status_t osft_mlp_plan_init(osft_mlp_plan_t *plan, size_t struct_size);
+#define OSFT_MLP_PLAN_INIT(p) osft_mlp_plan_init((p), sizeof(*(p)))
+
+/**
+ * @brief Reports how calls over `tokens` rows are carried out: the tiling
+ * (as osft_mlp_get_tile_count(), or exactly num_tiles tiles where
+ * num_tiles > 0) and whether the backward recomputes the forward (since
+ * 1.3).
+ *
+ * @param[in]  mlp        The MLP.
+ * @param[in]  tokens     M, >= 0.
+ * @param[in]  num_tiles  0: the MLP's rule; >= 1: exactly that many tiles.
+ * @param[out] plan       Receives the plan; plan->struct_size is read.
+ * @retval OSFT_STATUS_SUCCESS  *plan was written.
+ * @retval OSFT_STATUS_INVALID_HANDLE  mlp is not a live MLP.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  (plan NULL, tokens < 0,
+ *   num_tiles < 0)
+ * @retval OSFT_STATUS_INVALID_STRUCT_SIZE  plan->struct_size below the 1.3
+ *   layout.
+ */
+OSFT_API osft_status_t osft_mlp_get_plan(osft_mlp_t mlp, int64_t tokens,
+                                         int64_t num_tiles, osft_mlp_plan_t *plan);
+
 /**
  * @brief Forward: y = MLP(x).
  *
@@ -406,7 +468,8 @@ OSFT_API osft_status_t osft_mlp_grads_init(osft_mlp_grads_t *grads, size_t struc
  * @brief Backward for one forward: x as given to the forward, grad_y = dL/dy
  * with y's shape and dtype.
  *
- * Recomputes each tile's forward, then writes (or, per
+ * Recomputes each tile's forward (unless the forward kept it: see the
+ * Memory section and osft_mlp_get_plan()), then writes (or, per
  * grads->accumulate and the factor structs' own accumulate bits, adds into)
  * every gradient that is not NULL. With M = 0 tokens, overwritten weight and
  * bias gradients become zero. Outputs must not overlap the inputs, the

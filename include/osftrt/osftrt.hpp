@@ -1337,6 +1337,14 @@ inline osft_flinear_grads_t c_grads(const FlinearGrads &g) {
 }  // namespace detail
 /// @endcond
 
+/** @brief A layer's counters (osft_flinear_get_info()). */
+struct FlinearInfo : osft_flinear_info_t {
+  /** @brief All fields 0, struct_size set (osft_flinear_info_init()). */
+  FlinearInfo() : osft_flinear_info_t() {
+    detail::check(osft_flinear_info_init(this, sizeof(osft_flinear_info_t)));
+  }
+};
+
 /**
  * @brief A factorized-linear (OSFT) layer (osft_flinear_t). Move-only; keeps
  * its context alive.
@@ -1530,6 +1538,25 @@ class Flinear {
    * @throws Error as osft_flinear_refresh().
    */
   void refresh() { detail::check(osft_flinear_refresh(get())); }
+  /**
+   * @brief The trainable factors were written other than through the
+   * runtime (an optimizer step on them): a kept dense W is rebuilt at the
+   * next call (osft_flinear_mark_updated()). Needed for layers created with
+   * trainable_updates = OSFT_FLINEAR_UPDATES_REPORTED.
+   * @throws Error as osft_flinear_mark_updated().
+   */
+  void mark_updated() { detail::check(osft_flinear_mark_updated(get())); }
+  /**
+   * @brief What the layer has done so far: rebuilds of W, builds of the
+   * frozen part, reported changes, whether W is kept (osft_flinear_get_info()).
+   * @return The counters.
+   * @throws Error as osft_flinear_get_info().
+   */
+  FlinearInfo info() const {
+    FlinearInfo i;
+    detail::check(osft_flinear_get_info(get(), &i));
+    return i;
+  }
 
  private:
   explicit Flinear(std::shared_ptr<osft_flinear_s> h) noexcept : h_(std::move(h)) {}
@@ -1582,6 +1609,14 @@ struct MlpGrads {
 struct TileCount {
   int64_t num_tiles;   /**< tiles */
   int64_t tile_tokens; /**< the most tokens in one tile */
+};
+
+/** @brief How calls are carried out (osft_mlp_get_plan()). */
+struct MlpPlan : osft_mlp_plan_t {
+  /** @brief All fields 0, struct_size set (osft_mlp_plan_init()). */
+  MlpPlan() : osft_mlp_plan_t() {
+    detail::check(osft_mlp_plan_init(this, sizeof(osft_mlp_plan_t)));
+  }
 };
 
 /** @brief A tiled MLP (osft_mlp_t). Move-only; keeps its context and layers alive. */
@@ -1655,6 +1690,20 @@ class Mlp {
     TileCount t{0, 0};
     detail::check(osft_mlp_get_tile_count(get(), tokens, &t.num_tiles, &t.tile_tokens));
     return t;
+  }
+  /**
+   * @brief How calls over `tokens` rows are carried out: tiles, whether the
+   * backward recomputes, the memory kept between forward and backward
+   * (osft_mlp_get_plan()).
+   * @param tokens     M.
+   * @param num_tiles  The tile count the calls will pass (0: automatic).
+   * @return The plan.
+   * @throws Error as osft_mlp_get_plan().
+   */
+  MlpPlan plan(int64_t tokens, int64_t num_tiles = 0) const {
+    MlpPlan p;
+    detail::check(osft_mlp_get_plan(get(), tokens, num_tiles, &p));
+    return p;
   }
   /**
    * @brief y = MLP(x) (osft_mlp_forward()).

@@ -17,6 +17,7 @@ using osft::require;
 
 constexpr size_t kFactorsV1 = OSFTI_V1_SIZE(osft_flinear_factors_t, v_low);
 constexpr size_t kGradsV1 = OSFTI_V1_SIZE(osft_flinear_grads_t, accumulate);
+constexpr size_t kInfoV1 = OSFTI_V1_SIZE(osft_flinear_info_t, weight_kept);
 
 }  // namespace
 
@@ -104,9 +105,42 @@ OSFT_API osft_status_t osft_flinear_get_factor(osft_flinear_t layer,
                                                osft_flinear_factor_t which,
                                                DLTensor *view) {
   return api_call("osft_flinear_get_factor", [&] {
-    const osft::Layer &l = osft::checked_layer(layer, "layer");
+    osft::Layer &l = osft::checked_layer(layer, "layer");
     require(view, "view");
     osft::get_factor(l, osft::raw_enum(which), view);
+    return OSFT_STATUS_SUCCESS;
+  });
+}
+
+OSFT_API osft_status_t osft_flinear_mark_updated(osft_flinear_t layer) {
+  return api_call("osft_flinear_mark_updated", [&] {
+    osft::Layer &l = osft::checked_layer(layer, "layer");
+    ++l.trainable_version;
+    return OSFT_STATUS_SUCCESS;
+  });
+}
+
+OSFT_API osft_status_t osft_flinear_info_init(osft_flinear_info_t *info,
+                                              size_t struct_size) {
+  return api_call("osft_flinear_info_init", [&] {
+    return osft::init_output_struct(info, struct_size, kInfoV1, "info",
+                                    "osft_flinear_info_t");
+  });
+}
+
+OSFT_API osft_status_t osft_flinear_get_info(osft_flinear_t layer,
+                                             osft_flinear_info_t *info) {
+  return api_call("osft_flinear_get_info", [&] {
+    const osft::Layer &l = osft::checked_layer(layer, "layer");
+    require(info, "info");
+    osft::check_struct_size("info", "osft_flinear_info_t", info->struct_size, kInfoV1);
+    osft_flinear_info_t out{};
+    out.struct_size = sizeof out;
+    out.rebuilds = l.rebuilds;
+    out.frozen_builds = l.frozen_builds;
+    out.trainable_version = l.trainable_version;
+    out.weight_kept = l.w_cur != nullptr && l.w_cur_valid ? 1 : 0;
+    osft::write_struct(info, info->struct_size, out);
     return OSFT_STATUS_SUCCESS;
   });
 }
@@ -116,7 +150,7 @@ OSFT_API osft_status_t osft_flinear_set_strategy(osft_flinear_t layer,
   return api_call("osft_flinear_set_strategy", [&] {
     osft::Layer &l = osft::checked_layer(layer, "layer");
     const int s = osft::raw_enum(strategy);
-    if (s < OSFT_FLINEAR_AUTO || s > OSFT_FLINEAR_DENSE)
+    if (s < OSFT_FLINEAR_AUTO || s > OSFT_FLINEAR_HYBRID)
       raise(OSFT_STATUS_INVALID_ARGUMENT,
             "strategy: %d is not an osft_flinear_strategy_t", s);
     l.strategy = strategy;
@@ -188,3 +222,9 @@ OSFT_API osft_status_t osft_flinear_refresh(osft_flinear_t layer) {
 }
 
 }  // extern "C"
+
+/* Test hook (tests/c, INTERNAL): the layer behaves as on a backend without
+ * fingerprints (CUDA), so that the CPU exercises the reported-version path. */
+extern "C" void osfti_flinear_test_disable_fingerprints(osft_flinear_t layer) {
+  if (layer != nullptr) layer->fingerprints_off = true;
+}

@@ -18,6 +18,7 @@ using osft::require;
 constexpr size_t kWeightsV1 = OSFTI_V1_SIZE(osft_mlp_weights_t, down_bias);
 constexpr size_t kOptionsV1 = OSFTI_V1_SIZE(osft_mlp_options_t, dtype);
 constexpr size_t kGradsV1 = OSFTI_V1_SIZE(osft_mlp_grads_t, accumulate);
+constexpr size_t kPlanV1 = OSFTI_V1_SIZE(osft_mlp_plan_t, kept_bytes);
 
 }  // namespace
 
@@ -84,6 +85,38 @@ OSFT_API osft_status_t osft_mlp_get_tile_count(osft_mlp_t mlp, int64_t tokens,
     const osft::mlp::Tiling t = osft::mlp::plan_tiles(m, tokens, 0);
     *num_tiles = t.count;
     if (tile_tokens != nullptr) *tile_tokens = t.max_rows;
+    return OSFT_STATUS_SUCCESS;
+  });
+}
+
+OSFT_API osft_status_t osft_mlp_plan_init(osft_mlp_plan_t *plan, size_t struct_size) {
+  return api_call("osft_mlp_plan_init", [&] {
+    return osft::init_output_struct(plan, struct_size, kPlanV1, "plan",
+                                    "osft_mlp_plan_t");
+  });
+}
+
+OSFT_API osft_status_t osft_mlp_get_plan(osft_mlp_t mlp, int64_t tokens,
+                                         int64_t num_tiles, osft_mlp_plan_t *plan) {
+  return api_call("osft_mlp_get_plan", [&] {
+    const osft::mlp::Mlp &m = osft::mlp::checked_mlp(mlp, "mlp");
+    require(plan, "plan");
+    if (tokens < 0)
+      raise(OSFT_STATUS_INVALID_ARGUMENT, "tokens: %lld is negative",
+            static_cast<long long>(tokens));
+    if (num_tiles < 0)
+      raise(OSFT_STATUS_INVALID_ARGUMENT, "num_tiles: %lld is negative (0: automatic)",
+            static_cast<long long>(num_tiles));
+    osft::check_struct_size("plan", "osft_mlp_plan_t", plan->struct_size, kPlanV1);
+    const osft::mlp::Tiling t = osft::mlp::plan_tiles(m, tokens, num_tiles);
+    const bool keep = osft::mlp::keeps_outputs(m, tokens);
+    osft_mlp_plan_t out{};
+    out.struct_size = sizeof out;
+    out.num_tiles = t.count;
+    out.tile_tokens = t.max_rows;
+    out.recompute = keep || tokens == 0 ? 0 : 1;
+    out.kept_bytes = keep ? osft::mlp::kept_bytes_for(m, tokens) : 0;
+    osft::write_struct(plan, plan->struct_size, out);
     return OSFT_STATUS_SUCCESS;
   });
 }

@@ -40,13 +40,17 @@ void check_disjoint(const Layer &layer, const Named *outs, int n_out, const Name
  * converted into scratch (laid out fused); S never needs converting. */
 struct ConvertSlots {
   int u = -1, v = -1;
+  bool low_only = false; /* only U_low and V_low are read */
 };
 
-ConvertSlots plan_convert(const Layer &l, osfti_dtype_t compute, ScratchPlan &plan) {
+ConvertSlots plan_convert(const Layer &l, osfti_dtype_t compute, ScratchPlan &plan,
+                          bool low_only = false) {
   ConvertSlots c;
   if (l.factor_dtype == compute) return c;
-  c.u = plan.add_mat(l.n, l.r + l.l, compute);
-  c.v = plan.add_mat(l.r + l.l, l.kin, compute);
+  c.low_only = low_only;
+  const int64_t width = low_only ? l.l : l.r + l.l;
+  c.u = plan.add_mat(l.n, width, compute);
+  c.v = plan.add_mat(width, l.kin, compute);
   return c;
 }
 
@@ -58,6 +62,13 @@ FactorViews compute_views(Layer &l, const ScratchPlan &plan, const ConvertSlots 
   auto copy = [&](const Mat &src, const Mat &dst) {
     be.scale_into(*l.ctx, Axis::cols, src, nullptr, 0.0f, dst);
   };
+  if (c.low_only) {
+    copy(f.u_low, u);
+    copy(f.v_low, v);
+    f.u_low = u;
+    f.v_low = v;
+    return f;
+  }
   copy(f.u_high, cols_of(u, 0, l.r));
   copy(f.u_low, cols_of(u, l.r, l.l));
   copy(f.v_high, rows_of(v, 0, l.r));
@@ -143,19 +154,24 @@ Mat high_cache(Layer &l, const ScratchPlan &plan, const DenseSlots &slots) {
     throw;
   }
   l.w_high = fresh.data;
+  ++l.frozen_builds;
   return fresh;
 }
 
-/* A fingerprint of the trainable factors' current values, or 0 when the
- * backend cannot take one cheaply (CUDA: it would need a host sync). */
-uint64_t trainable_fingerprint(Layer &l) {
+/* What identifies the trainable factors' current values: a fingerprint of
+ * them where the backend takes one cheaply (not CUDA: it would need a host
+ * sync), mixed with the reported version where the caller reports changes
+ * (a report always rebuilds; an unreported write is still caught by the
+ * fingerprint). Only meaningful where weight_kept(l). */
+uint64_t weight_key(Layer &l) {
   const Backend &be = backend(*l.ctx);
-  if (be.fingerprint == nullptr) return 0;
+  uint64_t h = l.updates_reported ? l.trainable_version * 0xbf58476d1ce4e5b9ull : 0;
+  if (be.fingerprint == nullptr || l.fingerprints_off) return h;
   const FactorViews f = factor_views(l);
-  uint64_t h = be.fingerprint(*l.ctx, f.u_low);
+  h = h * 0x9e3779b97f4a7c15ull + be.fingerprint(*l.ctx, f.u_low);
   h = h * 0x9e3779b97f4a7c15ull + be.fingerprint(*l.ctx, as_row(f.s_low));
   h = h * 0x9e3779b97f4a7c15ull + be.fingerprint(*l.ctx, f.v_low);
-  return h | 1; /* never 0: 0 means "none" */
+  return h;
 }
 
 /* build_dense, with the low part's product on bf16 operands where us16 (an
@@ -163,6 +179,7 @@ uint64_t trainable_fingerprint(Layer &l) {
  * then runs on the engine's bf16 GEMM (fp32 accumulation into W). */
 void build_step_dense(Layer &l, const Mat &w, const ScratchPlan &plan,
                       const DenseSlots &slots, int us16) {
+  ++l.rebuilds;
   if (us16 < 0) return build_dense(l, w, plan, slots);
   Context &ctx = *l.ctx;
   const Backend &be = backend(ctx);
@@ -175,29 +192,31 @@ void build_step_dense(Layer &l, const Mat &w, const ScratchPlan &plan,
 }
 
 /* The current dense weight W kept by the layer between calls, rebuilt only
- * when the trainable factors changed (their fingerprint says so): the
- * forward and backward of a step, and every micro-batch of an accumulation,
- * share one rebuild. */
-Mat current_weight(Layer &l, uint64_t fingerprint, const ScratchPlan &plan,
+ * when the trainable factors changed (their key says so): the forward and
+ * backward of a step, and every micro-batch of an accumulation, share one
+ * rebuild. */
+Mat current_weight(Layer &l, uint64_t key, const ScratchPlan &plan,
                    const DenseSlots &slots, int us16) {
   const Mat w{l.w_cur, l.n, l.kin, l.kin, OSFTI_F32};
-  if (l.w_cur != nullptr && l.w_cur_fingerprint == fingerprint) return w;
+  if (l.w_cur != nullptr && l.w_cur_valid && l.w_cur_key == key) return w;
   Mat fresh = w;
   if (fresh.data == nullptr)
     fresh.data = memory_alloc(*l.ctx, static_cast<size_t>(l.n * l.kin) * sizeof(float),
                               "flinear current-weight cache");
   l.w_cur = fresh.data;
-  l.w_cur_fingerprint = 0; /* invalid until rebuilt */
+  l.w_cur_valid = false; /* invalid until rebuilt */
   build_step_dense(l, fresh, plan, slots, us16);
-  l.w_cur_fingerprint = fingerprint;
+  l.w_cur_key = key;
+  l.w_cur_valid = true;
   return fresh;
 }
 
 /* The dense weight in the compute dtype: the layer's current-weight cache
- * where fingerprints are available, else rebuilt into scratch. */
+ * where the layer keeps it (weight_kept), else rebuilt into scratch. */
 struct DenseWeight {
   DenseSlots slots;
-  uint64_t fingerprint = 0;
+  bool kept = false;
+  uint64_t key = 0;
   int w32 = -1, wc = -1;
   int us16 = -1; /* n x l bf16: U_low diag(S_low), dense_bf16_products only */
 };
@@ -207,16 +226,19 @@ DenseWeight plan_weight(Layer &l, osfti_dtype_t compute, ScratchPlan &plan) {
   d.slots = plan_dense(l, plan);
   if (dense_bf16_products(plan_shape(l), compute))
     d.us16 = plan.add_mat(l.n, l.l, OSFTI_BF16);
-  d.fingerprint = trainable_fingerprint(l);
-  if (d.fingerprint == 0) d.w32 = plan.add_mat(l.n, l.kin, OSFTI_F32);
+  d.kept = weight_kept(l);
+  if (d.kept)
+    d.key = weight_key(l);
+  else
+    d.w32 = plan.add_mat(l.n, l.kin, OSFTI_F32);
   if (compute != OSFTI_F32) d.wc = plan.add_mat(l.n, l.kin, compute);
   return d;
 }
 
 Mat build_weight(Layer &l, const ScratchPlan &plan, const DenseWeight &d) {
   Mat w32;
-  if (d.fingerprint != 0) {
-    w32 = current_weight(l, d.fingerprint, plan, d.slots, d.us16);
+  if (d.kept) {
+    w32 = current_weight(l, d.key, plan, d.slots, d.us16);
   } else {
     w32 = plan.mat(d.w32);
     build_step_dense(l, w32, plan, d.slots, d.us16);
@@ -265,32 +287,47 @@ struct GradViews {
   float beta_x = 0, beta_u = 0, beta_s = 0, beta_v = 0, beta_bias = 0;
 };
 
-void backward_factorized(Layer &l, const Mat &x, const Mat &g, const GradViews &gr) {
+/* The factorized backward's scratch: the factors in the compute dtype,
+ * A = g U (or A_low = g U_low) and T_low = x V_low^T. */
+struct FactorizedSlots {
+  ConvertSlots conv;
+  int a = -1, t = -1;
+};
+
+FactorizedSlots plan_factorized(const Layer &l, int64_t m, osfti_dtype_t compute,
+                                const GradViews &gr, ScratchPlan &plan) {
+  const bool want_a_low = gr.v != nullptr || gr.s != nullptr;
+  const bool want_t_low = gr.u != nullptr || gr.s != nullptr;
+  FactorizedSlots s;
+  s.conv = plan_convert(l, compute, plan, gr.x == nullptr);
+  if (gr.x != nullptr || want_a_low)
+    s.a = plan.add_mat(m, gr.x != nullptr ? l.r + l.l : l.l, compute);
+  if (want_t_low) s.t = plan.add_mat(m, l.l, compute);
+  return s;
+}
+
+/* Every requested gradient but db from the factors, on planned scratch:
+ * the low factors' gradients cost about 4*M*l*(N+K) flops, grad_x
+ * 2*M*k*(N+K). */
+void run_factorized(Layer &l, const Mat &x, const Mat &g, const GradViews &gr,
+                    const ScratchPlan &plan, const FactorizedSlots &slots) {
   Context &ctx = *l.ctx;
   const Backend &be = backend(ctx);
   const bool want_a_low = gr.v != nullptr || gr.s != nullptr;
   const bool want_t_low = gr.u != nullptr || gr.s != nullptr;
-  const int64_t m = x.rows, k = l.r + l.l;
-  ScratchPlan plan;
-  const ConvertSlots conv = plan_convert(l, x.dtype, plan);
-  const int a = gr.x != nullptr || want_a_low
-                    ? plan.add_mat(m, gr.x != nullptr ? k : l.l, x.dtype)
-                    : -1;
-  const int t = want_t_low ? plan.add_mat(m, l.l, x.dtype) : -1;
-  plan.allocate(ctx);
-  const FactorViews f = compute_views(l, plan, conv);
+  const FactorViews f = compute_views(l, plan, slots.conv);
 
   Mat a_all, a_low, t_low;
   if (gr.x != nullptr) {
-    a_all = plan.mat(a);
+    a_all = plan.mat(slots.a);
     gemm_a_u(ctx, l, f, g, a_all); /* A = g U */
     a_low = cols_of(a_all, l.r, l.l);
   } else if (want_a_low) {
-    a_low = plan.mat(a);
+    a_low = plan.mat(slots.a);
     be.gemm(ctx, Op::N, g, Op::N, f.u_low, 1.0f, 0.0f, a_low);
   }
   if (want_t_low) {
-    t_low = plan.mat(t);
+    t_low = plan.mat(slots.t);
     be.gemm(ctx, Op::N, x, Op::T, f.v_low, 1.0f, 0.0f, t_low); /* T = x V_low^T */
   }
   /* dS_low = diag(U_low^T G V_low^T) = column sums of (g U_low) o (x V_low^T). */
@@ -311,6 +348,13 @@ void backward_factorized(Layer &l, const Mat &x, const Mat &g, const GradViews &
     be.scale_into(ctx, Axis::cols, t_low, &f.s_low, 0.0f, t_low);
     be.gemm(ctx, Op::T, g, Op::N, t_low, 1.0f, gr.beta_u, as_mat(gr.u));
   }
+}
+
+void backward_factorized(Layer &l, const Mat &x, const Mat &g, const GradViews &gr) {
+  ScratchPlan plan;
+  const FactorizedSlots slots = plan_factorized(l, x.rows, x.dtype, gr, plan);
+  plan.allocate(*l.ctx);
+  run_factorized(l, x, g, gr, plan, slots);
 }
 
 void backward_dense(Layer &l, const Mat &x, const Mat &g, const GradViews &gr) {
@@ -384,6 +428,29 @@ void backward_dense(Layer &l, const Mat &x, const Mat &g, const GradViews &gr) {
   }
 }
 
+/* The hybrid form: grad_x = g W on the dense W (kept or rebuilt, as the
+ * dense form's), the low factors' gradients from the factors (A_low =
+ * g U_low, T_low = x V_low^T and the small products: ~4*M*l*(N+K) flops
+ * instead of G = g^T x's 2*M*N*K and P, Q's 4*N*K*l). Everything is planned
+ * before anything is written. */
+void backward_hybrid(Layer &l, const Mat &x, const Mat &g, const GradViews &gr) {
+  Context &ctx = *l.ctx;
+  GradViews low = gr;
+  low.x = nullptr;
+  const bool want_low = gr.u != nullptr || gr.v != nullptr || gr.s != nullptr;
+  ScratchPlan plan;
+  DenseWeight d;
+  if (gr.x != nullptr) d = plan_weight(l, x.dtype, plan);
+  FactorizedSlots slots;
+  if (want_low) slots = plan_factorized(l, x.rows, x.dtype, low, plan);
+  plan.allocate(ctx);
+  if (gr.x != nullptr) {
+    const Mat w = build_weight(l, plan, d);
+    backend(ctx).gemm(ctx, Op::N, g, Op::N, w, 1.0f, gr.beta_x, as_mat(gr.x));
+  }
+  if (want_low) run_factorized(l, x, g, low, plan, slots);
+}
+
 float beta_for(uint32_t accumulate, uint32_t bit) {
   return (accumulate & bit) ? 1.0f : 0.0f;
 }
@@ -419,7 +486,8 @@ void forward(Layer &l, const DLTensor *x, const DLTensor *bias, DLTensor *y) {
   const Vec *b = bias != nullptr ? &bias_vec : nullptr;
   const osft_flinear_strategy_t s =
       choose_strategy(l, xm.rows, OSFT_FLINEAR_FORWARD, GradRequest{}, xm.dtype);
-  if (s == OSFT_FLINEAR_DENSE)
+  /* the hybrid form's forward is the dense one */
+  if (s == OSFT_FLINEAR_DENSE || s == OSFT_FLINEAR_HYBRID)
     forward_dense(l, xm, b, ym);
   else
     forward_factorized(l, xm, b, ym);
@@ -470,6 +538,8 @@ void backward(Layer &l, const DLTensor *x, const DLTensor *grad_y,
       choose_strategy(l, xm.rows, OSFT_FLINEAR_BACKWARD, want, xm.dtype);
   if (s == OSFT_FLINEAR_DENSE)
     backward_dense(l, xm, gm, gr);
+  else if (s == OSFT_FLINEAR_HYBRID)
+    backward_hybrid(l, xm, gm, gr);
   else
     backward_factorized(l, xm, gm, gr);
   if (gr.bias != nullptr)

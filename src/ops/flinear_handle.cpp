@@ -192,6 +192,7 @@ Layer *new_layer(Context &ctx, const osft_flinear_options_t &opts) {
   Layer *layer = ctx.allocator.make<Layer>("flinear layer");
   layer->ctx = &ctx;
   layer->strategy = opts.strategy;
+  layer->updates_reported = opts.trainable_updates == OSFT_FLINEAR_UPDATES_REPORTED;
   return layer;
 }
 
@@ -213,9 +214,13 @@ osft_flinear_options_t read_flinear_options(const osft_flinear_options_t *user) 
     raise(OSFT_STATUS_INVALID_ARGUMENT, "opts->rank_ratio: %g is outside (0, 1)",
           o.rank_ratio);
   const int strategy = raw_enum(o.strategy);
-  if (strategy < OSFT_FLINEAR_AUTO || strategy > OSFT_FLINEAR_DENSE)
+  if (strategy < OSFT_FLINEAR_AUTO || strategy > OSFT_FLINEAR_HYBRID)
     raise(OSFT_STATUS_INVALID_ARGUMENT,
           "opts->strategy: %d is not an osft_flinear_strategy_t", strategy);
+  const int updates = raw_enum(o.trainable_updates);
+  if (updates < OSFT_FLINEAR_UPDATES_DETECTED || updates > OSFT_FLINEAR_UPDATES_REPORTED)
+    raise(OSFT_STATUS_INVALID_ARGUMENT,
+          "opts->trainable_updates: %d is not an osft_flinear_updates_t", updates);
   if (o.factor_dtype.bits != 0 &&
       (osfti_dtype_from_dl(o.factor_dtype) & kFactorDtypes) == 0)
     raise(
@@ -301,11 +306,13 @@ FactorViews factor_views(const Layer &layer) {
   return f;
 }
 
-void get_factor(const Layer &layer, int which, DLTensor *view) {
+void get_factor(Layer &layer, int which, DLTensor *view) {
   if (which < OSFT_FACTOR_U_HIGH || which > OSFT_FACTOR_V_LOW)
     raise(OSFT_STATUS_INVALID_ARGUMENT, "which: %d is not an osft_flinear_factor_t",
           which);
   *view = layer.factor[which].t;
+  /* a writable view of a trainable factor: the caller may change it */
+  if (which >= OSFT_FACTOR_U_LOW) ++layer.trainable_version;
 }
 
 void merge(Layer &layer, const DLTensor *weight) {
@@ -357,7 +364,7 @@ void refresh(Layer &layer) noexcept {
     memory_free(*layer.ctx, *cache, bytes);
     *cache = nullptr;
   }
-  layer.w_cur_fingerprint = 0;
+  layer.w_cur_valid = false;
 }
 
 }  // namespace osft

@@ -31,10 +31,18 @@ struct osft_flinear_s {
   /* Cache of the frozen product U_high diag(S_high) V_high, fp32 n x kin,
    * built on first use by the dense strategy. */
   void *w_high = nullptr;
-  /* The last rebuilt dense W (fp32 n x kin) and the fingerprint of the
-   * trainable factors it was built from (0: none). */
+  /* The last rebuilt dense W (fp32 n x kin), valid while the key of the
+   * trainable factors it was built from (their fingerprint and/or the
+   * reported version, weight_key() in flinear_compute.cpp) still matches. */
   void *w_cur = nullptr;
-  uint64_t w_cur_fingerprint = 0;
+  bool w_cur_valid = false;
+  uint64_t w_cur_key = 0;
+  /* OSFT_FLINEAR_UPDATES_REPORTED: the caller reports changes of the
+   * trainable factors, counted in trainable_version. */
+  bool updates_reported = false;
+  uint64_t trainable_version = 0;
+  bool fingerprints_off = false;            /* test hook: as a backend without them */
+  uint64_t rebuilds = 0, frozen_builds = 0; /* osft_flinear_info_t */
   bool counted = false; /* registered, and counted in ctx->live_children */
 };
 
@@ -60,7 +68,7 @@ Layer *create_from_factors(Context &ctx, const osft_flinear_factors_t &factors,
 void destroy_layer(Layer *layer) noexcept;
 Layer &checked_layer(osft_flinear_t layer, const char *arg);
 FactorViews factor_views(const Layer &layer);
-void get_factor(const Layer &layer, int which, DLTensor *view);
+void get_factor(Layer &layer, int which, DLTensor *view);
 void merge(Layer &layer, const DLTensor *weight);
 void redecompose(Layer &layer, const DLTensor *weight);
 void refresh(Layer &layer) noexcept;
@@ -78,10 +86,13 @@ struct PlanShape {
   osft_flinear_strategy_t strategy = OSFT_FLINEAR_AUTO;
   bool cuda = false, allow_tf32 = false;
   bool native_bf16 = false; /* Backend::native_bf16_gemm: bf16 GEMMs on bf16 hardware */
-  bool kept = false;        /* the rebuilt W is kept between calls (fingerprints) */
+  bool kept = false;        /* the rebuilt W is kept between calls (weight_kept()) */
   size_t workspace_limit = 0;
 };
 PlanShape plan_shape(const Layer &layer);
+/* Whether the layer keeps its rebuilt W between calls: the backend
+ * fingerprints the trainable factors, or the caller reports changes. */
+bool weight_kept(const Layer &layer);
 /* The relative cost of an fp32-operand GEMM flop next to a compute-dtype one. */
 double fp32_gemm_weight(const PlanShape &shape, osfti_dtype_t compute) noexcept;
 /* Whether the dense form runs its rebuild and factor-gradient GEMMs on bf16

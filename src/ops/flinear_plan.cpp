@@ -1,4 +1,5 @@
-/* Factorized linear: the cost model that picks a strategy per call. GEMM
+/* Factorized linear: the cost model that picks a strategy per call (of
+ * factorized, dense and hybrid; flinear.h describes them). GEMM
  * time decides, counted as flops weighted by how fast the device runs each
  * GEMM's operand type, plus (on CUDA) the bytes the element-wise passes
  * move, counted as the flops the device would do meanwhile; scratch memory
@@ -104,8 +105,32 @@ Cost dense_cost(const PlanShape &l, double m, osft_flinear_pass_t pass,
   return as_compute(c, bf16_products);
 }
 
+/* The hybrid form: the dense forward; in the backward grad_x on the dense W
+ * and the low factors' gradients as the factorized form computes them. */
+Cost hybrid_cost(const PlanShape &l, double m, osft_flinear_pass_t pass,
+                 const GradRequest &w, double ec, bool bf16_products) {
+  if (pass == OSFT_FLINEAR_FORWARD) return dense_cost(l, m, pass, w, ec, bf16_products);
+  GradRequest dx, low = w;
+  dx.u = dx.s = dx.v = false;
+  dx.x = w.x;
+  low.x = false;
+  Cost c = dense_cost(l, m, pass, dx, ec, bf16_products);
+  if (!(w.u || w.s || w.v)) return c;
+  Cost f = factorized_cost(l, m, pass, low, ec);
+  /* only the low factors are converted to the compute dtype */
+  if (l.factor_dtype != OSFTI_F32 || ec != 4.0)
+    f.bytes -= (l.n + l.kin) * static_cast<double>(l.r) * ec;
+  c.flops += f.flops;
+  c.flops32 += f.flops32;
+  c.bytes += f.bytes;
+  c.traffic += f.traffic;
+  return c;
+}
+
 const char *name(osft_flinear_strategy_t s) {
-  return s == OSFT_FLINEAR_DENSE ? "dense" : "factorized";
+  return s == OSFT_FLINEAR_DENSE    ? "dense"
+         : s == OSFT_FLINEAR_HYBRID ? "hybrid"
+                                    : "factorized";
 }
 
 }  // namespace
@@ -161,27 +186,44 @@ osft_flinear_strategy_t choose_strategy(const PlanShape &shape, int64_t tokens,
                                         osft_flinear_pass_t pass, const GradRequest &want,
                                         osfti_dtype_t compute) {
   if (shape.strategy != OSFT_FLINEAR_AUTO) return shape.strategy;
+  /* A kept W is free in the backward only where the forward built it
+   * (chose the dense form) for the same tokens; else the backward pays
+   * the rebuild itself. */
+  if (pass == OSFT_FLINEAR_BACKWARD && shape.kept &&
+      choose_strategy(shape, tokens, OSFT_FLINEAR_FORWARD, want, compute) !=
+          OSFT_FLINEAR_DENSE) {
+    PlanShape rebuilt = shape;
+    rebuilt.kept = false;
+    return choose_strategy(rebuilt, tokens, pass, want, compute);
+  }
   const double m = static_cast<double>(tokens);
   const double ec = static_cast<double>(osfti_dtype_size(compute));
   const Cost f = factorized_cost(shape, m, pass, want, ec);
-  const Cost d =
-      dense_cost(shape, m, pass, want, ec, dense_bf16_products(shape, compute));
+  const bool b16 = dense_bf16_products(shape, compute);
+  const Cost d = dense_cost(shape, m, pass, want, ec, b16);
+  const Cost h = hybrid_cost(shape, m, pass, want, ec, b16);
   const double limit = static_cast<double>(shape.workspace_limit);
-  const bool dense_fits = limit == 0.0 || d.bytes <= limit;
+  const auto fits = [limit](const Cost &c) { return limit == 0.0 || c.bytes <= limit; };
   const double w32 = fp32_gemm_weight(shape, compute), wb = traffic_weight(shape);
-  const double tf = f.time(w32, wb), td = d.time(w32, wb);
-  const osft_flinear_strategy_t s =
-      dense_fits && td < tf ? OSFT_FLINEAR_DENSE : OSFT_FLINEAR_FACTORIZED;
-  log_message(
-      OSFT_LOG_DEBUG,
-      "flinear %lldx%lld r=%lld l=%lld, M=%lld %s%s: factorized %.3g flop / "
-      "%.3g B, dense %.3g flop + %.3g fp32 flop (x%g) + %.3g B moved (x%g) / %.3g "
-      "B -> %s",
-      static_cast<long long>(shape.n), static_cast<long long>(shape.kin),
-      static_cast<long long>(shape.r), static_cast<long long>(shape.l),
-      static_cast<long long>(tokens),
-      pass == OSFT_FLINEAR_FORWARD ? "forward" : "backward", shape.cuda ? " (cuda)" : "",
-      tf, f.bytes, d.flops, d.flops32, w32, d.traffic, wb, d.bytes, name(s));
+  const double tf = f.time(w32, wb), td = d.time(w32, wb), th = h.time(w32, wb);
+  osft_flinear_strategy_t s = OSFT_FLINEAR_FACTORIZED;
+  double best = tf;
+  if (fits(d) && td < best) {
+    s = OSFT_FLINEAR_DENSE;
+    best = td;
+  }
+  /* the forward of the hybrid form is the dense one: reported as dense */
+  if (pass == OSFT_FLINEAR_BACKWARD && fits(h) && th < best) s = OSFT_FLINEAR_HYBRID;
+  log_message(OSFT_LOG_DEBUG,
+              "flinear %lldx%lld r=%lld l=%lld, M=%lld %s%s: factorized %.3g / %.3g B, "
+              "dense %.3g / %.3g B, hybrid %.3g / %.3g B (fp32 GEMM flop x%g, byte "
+              "moved x%g) -> %s",
+              static_cast<long long>(shape.n), static_cast<long long>(shape.kin),
+              static_cast<long long>(shape.r), static_cast<long long>(shape.l),
+              static_cast<long long>(tokens),
+              pass == OSFT_FLINEAR_FORWARD ? "forward" : "backward",
+              shape.cuda ? " (cuda)" : "", tf, f.bytes, td, d.bytes, th, h.bytes, w32, wb,
+              name(s));
   return s;
 }
 
@@ -197,9 +239,14 @@ PlanShape plan_shape(const Layer &l) {
   p.allow_tf32 = l.ctx->allow_tf32;
   const Backend &be = backend(*l.ctx);
   p.native_bf16 = be.native_bf16_gemm != nullptr && be.native_bf16_gemm(*l.ctx);
-  p.kept = be.fingerprint != nullptr;
+  p.kept = weight_kept(l);
   p.workspace_limit = l.ctx->workspace_limit;
   return p;
+}
+
+bool weight_kept(const Layer &l) {
+  const bool fingerprints = backend(*l.ctx).fingerprint != nullptr && !l.fingerprints_off;
+  return fingerprints || l.updates_reported;
 }
 
 osft_flinear_strategy_t choose_strategy(const Layer &l, int64_t tokens,

@@ -8,7 +8,10 @@
  *             dG over G, dU over dH and H over U; dW_down += dy^T H;
  *             dW_gate += dG^T x, dW_up += dU^T x; dx = dG W_gate + dU W_up.
  * Weight and bias gradients are summed by their GEMMs / reductions with
- * beta = 1 from the second tile on: the plain sum, each tile once. */
+ * beta = 1 from the second tile on: the plain sum, each tile once. Where
+ * the budget holds every tile's intermediates (keeps_outputs), the forward
+ * keeps G and U for the backward of the same x, which then skips their
+ * recompute. */
 #include <algorithm>
 #include <optional>
 
@@ -245,14 +248,15 @@ struct LayerCalls {
   GradRequest want;
 };
 
-LayerCalls layer_calls(int proj, const Requests *r) {
+LayerCalls layer_calls(int proj, const Requests *r, bool recompute) {
   LayerCalls c;
   if (r == nullptr) {
     c.forward = true; /* the MLP's forward */
     return c;
   }
   const ProjGrads &g = r->p[proj];
-  c.forward = proj != kDown; /* the recompute; the down projection is not redone */
+  /* the recompute; the down projection is not redone */
+  c.forward = proj != kDown && recompute;
   c.want.x = proj == kDown ? r->need_dh : r->dx.active;
   c.want.u = g.f[0].active;
   c.want.s = g.f[1].active;
@@ -269,7 +273,7 @@ LayerCalls layer_calls(int proj, const Requests *r) {
  * here, before anything is written. `r`: the backward's requests (nullptr
  * for the forward); shadowed[i]: projection i runs on fp32 factor copies. */
 size_t reserve_layer_scratch(const Mlp &m, const Tiling &tiles, const Requests *r,
-                             const bool *shadowed) {
+                             const bool *shadowed, bool recompute = true) {
   size_t bytes = 0;
   const char *who = nullptr;
   const int64_t sizes[2] = {tiles.max_rows, std::max<int64_t>(1, tiles.max_rows - 1)};
@@ -278,7 +282,7 @@ size_t reserve_layer_scratch(const Mlp &m, const Tiling &tiles, const Requests *
     if (!is_layer(p)) continue;
     Layer probe = *p.layer; /* for the cost model: dims, strategy, factor dtype */
     if (shadowed != nullptr && shadowed[i]) probe.factor_dtype = OSFTI_F32;
-    const LayerCalls calls = layer_calls(i, r);
+    const LayerCalls calls = layer_calls(i, r, recompute);
     for (int64_t rows : sizes)
       for (osft_flinear_pass_t pass : {OSFT_FLINEAR_FORWARD, OSFT_FLINEAR_BACKWARD}) {
         if (!(pass == OSFT_FLINEAR_FORWARD ? calls.forward : calls.backward)) continue;
@@ -318,6 +322,8 @@ void check_reserved(const Mlp &m, size_t reserved) {
 /* Everything one backward call needs besides the caller's tensors. */
 struct BackwardPlan {
   BufferPlan buffers;
+  bool kept = false; /* G and U come from the forward (mlp.kept) */
+  Mat kept_g, kept_u;
   int g = -1, u = -1, dh = -1, h = -1, dx32 = -1;
   bool shadowed[3] = {false, false, false};
   Fp32Shadow::Slots shadow_slots[3];
@@ -327,8 +333,10 @@ void plan_backward(const Mlp &m, Requests &r, const Tiling &tiles, BackwardPlan 
   BufferPlan &b = bp.buffers;
   const int64_t rows = tiles.max_rows;
   const bool down_layer = is_layer(m.proj[kDown]);
-  if (m.gated) bp.g = b.add(rows, m.inter, m.dtype);
-  bp.u = b.add(rows, m.inter, m.dtype);
+  if (!bp.kept) {
+    if (m.gated) bp.g = b.add(rows, m.inter, m.dtype);
+    bp.u = b.add(rows, m.inter, m.dtype);
+  }
   if (r.need_dh) bp.dh = b.add(rows, m.inter, m.dtype);
   if (down_layer) bp.h = b.add(rows, m.inter, m.dtype);
   if (r.dx.active && fp32_grad_x_sum(m)) bp.dx32 = b.add(rows, m.hidden, OSFTI_F32);
@@ -363,8 +371,9 @@ TileViews tile_views(const Mat &xm, const Mat &gy, const Requests &r,
   auto buf = [&](int slot) {
     return slot >= 0 ? rows_of(bp.buffers.mat(slot), 0, rows) : Mat{};
   };
-  v.g = buf(bp.g);
-  v.u = buf(bp.u);
+  v.g = bp.kept ? (bp.kept_g.data != nullptr ? rows_of(bp.kept_g, begin, rows) : Mat{})
+                : buf(bp.g);
+  v.u = bp.kept ? rows_of(bp.kept_u, begin, rows) : buf(bp.u);
   v.dh = buf(bp.dh);
   v.h = buf(bp.h);
   v.dx32 = buf(bp.dx32);
@@ -393,14 +402,16 @@ void backprop_inputs(Context &ctx, const Mlp &m, Layer *const *layers, const Req
 
 /* wt, wn: the dense weights packed for op T and op N. */
 void backward_tile(Context &ctx, const Mlp &m, Layer *const *layers, const Requests &r,
-                   const TileViews &v, bool first, const PackedWeights &wt,
-                   const PackedWeights &wn) {
+                   const TileViews &v, bool first, bool recompute,
+                   const PackedWeights &wt, const PackedWeights &wn) {
   const MlpKernels &k = mlp_kernels(ctx);
   const Projection &down = m.proj[kDown];
   const ProjGrads &gd = r.p[kDown];
   const Mat *g = opt(v.g, m.gated);
-  if (m.gated) project(ctx, m.proj[kGate], v.x, v.g, wt[kGate]);
-  project(ctx, m.proj[kUp], v.x, v.u, wt[kUp]);
+  if (recompute) {
+    if (m.gated) project(ctx, m.proj[kGate], v.x, v.g, wt[kGate]);
+    project(ctx, m.proj[kUp], v.x, v.u, wt[kUp]);
+  }
   const bool want_h =
       is_layer(down) ? r.need_dh || gd.any_factor() || gd.bias.active : gd.w.active;
   if (is_layer(down)) {
@@ -424,6 +435,39 @@ void backward_tile(Context &ctx, const Mlp &m, Layer *const *layers, const Reque
   if (r.need_dh) backprop_inputs(ctx, m, layers, r, v, first, wn);
 }
 
+/* What identifies the forward's input for the kept outputs: its address,
+ * rows, row stride and dtype, and on a backend that fingerprints cheaply
+ * (the CPU) its values. */
+uint64_t input_fingerprint(Context &ctx, const Mat &x) {
+  const Backend &be = backend(ctx);
+  return be.fingerprint != nullptr ? be.fingerprint(ctx, x) : 0;
+}
+
+bool kept_matches(Mlp &m, const Mat &x) {
+  return m.kept_valid && m.kept_x == x.data && m.kept_rows == x.rows &&
+         m.kept_ld == x.ld && m.kept_dtype == x.dtype &&
+         m.kept_fingerprint == input_fingerprint(*m.ctx, x);
+}
+
+/* The kept G (gated) and U, M x I each, over mlp.kept. */
+void kept_views(const Mlp &m, int64_t rows, Mat &g, Mat &u) {
+  const size_t half = static_cast<size_t>(rows * m.inter) * osfti_dtype_size(m.dtype);
+  char *base = static_cast<char *>(m.kept);
+  g = m.gated ? Mat{base, rows, m.inter, m.inter, m.dtype} : Mat{};
+  u = Mat{base + (m.gated ? half : 0), rows, m.inter, m.inter, m.dtype};
+}
+
+/* The kept buffer for a forward over `rows` tokens (before anything is
+ * written: a failed allocation leaves the outputs intact). */
+void reserve_kept(Mlp &m, int64_t rows) {
+  m.kept_valid = false;
+  const size_t bytes = kept_bytes_for(m, rows);
+  if (m.kept != nullptr && m.kept_bytes == bytes) return;
+  drop_kept(m);
+  m.kept = memory_alloc(*m.ctx, bytes, "mlp kept forward outputs");
+  m.kept_bytes = bytes;
+}
+
 }  // namespace
 
 void mlp_forward(Mlp &m, const DLTensor *x, DLTensor *y, int64_t num_tiles) {
@@ -434,23 +478,41 @@ void mlp_forward(Mlp &m, const DLTensor *x, DLTensor *y, int64_t num_tiles) {
   outs.add("y", y);
   outs.check_outputs_clear_of(ins);
   const Tiling tiles = plan_tiles(m, xm.rows, num_tiles);
+  m.kept_valid = false; /* a new forward: what an earlier one kept is stale */
   if (tiles.nonempty() == 0) return;
+  const bool keep = keeps_outputs(m, xm.rows);
   BufferPlan b;
-  const int gs = m.gated ? b.add(tiles.max_rows, m.inter, m.dtype) : -1;
-  const int us = b.add(tiles.max_rows, m.inter, m.dtype);
+  const int gs = m.gated && !keep ? b.add(tiles.max_rows, m.inter, m.dtype) : -1;
+  const int us = b.add(tiles.max_rows, m.inter, m.dtype); /* U, or H where kept */
   const size_t reserved = reserve_layer_scratch(m, tiles, nullptr, nullptr);
   b.place(m);
+  if (keep) reserve_kept(m, xm.rows);
+  Mat kg, ku;
+  if (keep) kept_views(m, xm.rows, kg, ku);
   const MlpKernels &k = mlp_kernels(ctx);
   const PackedWeights w(ctx, m.proj, tiles, Op::T, 7u);
   for (int64_t t = 0; t < tiles.nonempty(); ++t) {
     const int64_t begin = tiles.begin(t), rows = tiles.rows(t);
     const Mat xt = rows_of(xm, begin, rows);
-    const Mat g = gs >= 0 ? rows_of(b.mat(gs), 0, rows) : Mat{};
-    const Mat u = rows_of(b.mat(us), 0, rows);
+    const Mat scratch = rows_of(b.mat(us), 0, rows);
+    Mat g = gs >= 0 ? rows_of(b.mat(gs), 0, rows) : Mat{};
+    Mat u = scratch;
+    if (keep) {
+      g = m.gated ? rows_of(kg, begin, rows) : Mat{};
+      u = rows_of(ku, begin, rows);
+    }
     if (m.gated) project(ctx, m.proj[kGate], xt, g, w[kGate]);
     project(ctx, m.proj[kUp], xt, u, w[kUp]);
-    k.activate(ctx, m.act, opt(g, m.gated), u, u);
-    project(ctx, m.proj[kDown], u, rows_of(ym, begin, rows), w[kDown]);
+    k.activate(ctx, m.act, opt(g, m.gated), u, scratch); /* H; in place unless kept */
+    project(ctx, m.proj[kDown], scratch, rows_of(ym, begin, rows), w[kDown]);
+  }
+  if (keep) {
+    m.kept_x = xm.data;
+    m.kept_rows = xm.rows;
+    m.kept_ld = xm.ld;
+    m.kept_dtype = xm.dtype;
+    m.kept_fingerprint = input_fingerprint(ctx, xm);
+    m.kept_valid = true;
   }
   check_reserved(m, reserved);
 }
@@ -468,9 +530,12 @@ void mlp_backward(Mlp &m, const DLTensor *x, const DLTensor *grad_y,
   if (tiles.nonempty() == 0) return zero_empty_sums(ctx, r);
 
   BackwardPlan bp;
+  bp.kept = kept_matches(m, xm);
+  if (bp.kept) kept_views(m, xm.rows, bp.kept_g, bp.kept_u);
   plan_backward(m, r, tiles, bp);
-  const size_t reserved = reserve_layer_scratch(m, tiles, &r, bp.shadowed);
+  const size_t reserved = reserve_layer_scratch(m, tiles, &r, bp.shadowed, !bp.kept);
   bp.buffers.place(m);
+  m.kept_valid = false; /* consumed: the tiles below overwrite G and U */
   for_each_sink(r, [&](Accum &a) {
     if (a.staged) a.acc = bp.buffers.mat(a.slot);
   });
@@ -483,17 +548,18 @@ void mlp_backward(Mlp &m, const DLTensor *x, const DLTensor *grad_y,
     shadows[i].emplace(*m.proj[i].layer, bp.buffers, bp.shadow_slots[i]);
     layers[i] = &shadows[i]->layer();
   }
-  /* gate and up forward again (op T); dH = dY W_down and dx = dG W_gate +
-   * dU W_up (op N) */
+  /* gate and up forward again (op T; not where kept); dH = dY W_down and
+   * dx = dG W_gate + dU W_up (op N) */
   const unsigned in_bits = (1u << kGate) | (1u << kUp);
-  const PackedWeights wt(ctx, m.proj, tiles, Op::T, in_bits);
+  const PackedWeights wt(ctx, m.proj, tiles, Op::T, bp.kept ? 0u : in_bits);
   const PackedWeights wn(ctx, m.proj, tiles, Op::N,
                          (r.need_dh ? 1u << kDown : 0u) | (r.dx.active ? in_bits : 0u));
   for (int64_t t = 0; t < tiles.nonempty(); ++t) {
     const TileViews v = tile_views(xm, gy, r, bp, tiles.begin(t), tiles.rows(t));
-    backward_tile(ctx, m, layers, r, v, t == 0, wt, wn);
+    backward_tile(ctx, m, layers, r, v, t == 0, !bp.kept, wt, wn);
   }
   for_each_sink(r, [&](const Accum &a) { finish(ctx, a); });
+  if (bp.kept) drop_kept(m);
   check_reserved(m, reserved);
 }
 

@@ -221,6 +221,7 @@ Mlp *create_mlp(Context &ctx, int variant, int64_t hidden, int64_t intermediate,
 }
 
 void destroy_mlp(Mlp *mlp) noexcept {
+  drop_kept(*mlp);
   uncount_child(mlp);
   mlp->ctx->allocator.destroy(mlp);
 }
@@ -253,6 +254,26 @@ size_t bytes_per_token(const Mlp &mlp) noexcept {
   size_t bytes = buffers * static_cast<size_t>(mlp.inter) * e;
   if (fp32_grad_x_sum(mlp)) bytes += static_cast<size_t>(mlp.hidden) * sizeof(float);
   return bytes;
+}
+
+/* A budget that holds every tile's intermediates holds the forward's gate
+ * and up outputs until the backward, which then need not recompute them. */
+bool keeps_outputs(const Mlp &mlp, int64_t tokens) noexcept {
+  return mlp.tiling == OSFT_MLP_TILING_BUDGET && tokens > 0 &&
+         static_cast<double>(tokens) * static_cast<double>(bytes_per_token(mlp)) <=
+             static_cast<double>(mlp.memory_budget);
+}
+
+size_t kept_bytes_for(const Mlp &mlp, int64_t tokens) noexcept {
+  return static_cast<size_t>(tokens * mlp.inter) * osfti_dtype_size(mlp.dtype) *
+         (mlp.gated ? 2u : 1u);
+}
+
+void drop_kept(Mlp &mlp) noexcept {
+  memory_free(*mlp.ctx, mlp.kept, mlp.kept_bytes);
+  mlp.kept = nullptr;
+  mlp.kept_bytes = 0;
+  mlp.kept_valid = false;
 }
 
 Tiling plan_tiles(const Mlp &mlp, int64_t tokens, int64_t forced) {

@@ -73,6 +73,16 @@ struct osft_mlp_s {
   osft_mlp_tiling_t tiling = OSFT_MLP_TILING_AUTO;
   int64_t tile_tokens = 0;
   size_t memory_budget = 0;
+  /* The forward's gate and up outputs kept for the backward of the same x
+   * (keeps_outputs()): M x I each, gate first; valid while kept_valid and
+   * the backward's x matches the key. */
+  void *kept = nullptr;
+  size_t kept_bytes = 0;
+  bool kept_valid = false;
+  const void *kept_x = nullptr;
+  int64_t kept_rows = 0, kept_ld = 0;
+  osfti_dtype_t kept_dtype = OSFTI_DTYPE_INVALID;
+  uint64_t kept_fingerprint = 0;
   bool counted = false; /* registered, and counted in ctx->live_children */
 };
 
@@ -112,6 +122,13 @@ struct Tiling {
 };
 /* forced == 0: the MLP's rule; else exactly `forced` tiles. */
 Tiling plan_tiles(const Mlp &mlp, int64_t tokens, int64_t forced);
+/* Whether a forward over `tokens` keeps its gate and up outputs for the
+ * backward: the budget holds every tile's intermediates. */
+bool keeps_outputs(const Mlp &mlp, int64_t tokens) noexcept;
+/* The bytes kept: tokens x I in the compute dtype, twice for gated MLPs. */
+size_t kept_bytes_for(const Mlp &mlp, int64_t tokens) noexcept;
+/* Frees what the forward kept. */
+void drop_kept(Mlp &mlp) noexcept;
 
 /* Where the buffers of a call are placed: the context's workspace for
  * dense-only MLPs; the context's outer workspace when a layer is involved,

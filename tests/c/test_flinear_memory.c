@@ -84,7 +84,7 @@ static void refused_call(void *user, osft_context_t ctx, test_alloc_state *a, in
 static void test_every_refusal_is_clean(void **state) {
   (void)state;
   for (int dt = 0; dt < 2; ++dt)
-    for (int st = OSFT_FLINEAR_FACTORIZED; st <= OSFT_FLINEAR_DENSE; ++st)
+    for (int st = OSFT_FLINEAR_FACTORIZED; st <= OSFT_FLINEAR_HYBRID; ++st)
       for (int backward = 0; backward < 2; ++backward) {
         refusal_case c = {dt ? TT_F32 : TT_BF16, (osft_flinear_strategy_t)st, backward};
         test_seed("refusals");

@@ -100,7 +100,9 @@ typedef struct {
 static void describe(const fwd_case *c, char *buf, size_t size) {
   snprintf(buf, size, "N=%lld K=%lld M=%lld r=%s bias=%d %s %s", (long long)c->n,
            (long long)c->kin, (long long)c->m, c->r_is_one ? "1" : "k-1", c->bias,
-           c->strategy == OSFT_FLINEAR_DENSE ? "dense" : "factorized",
+           c->strategy == OSFT_FLINEAR_DENSE    ? "dense"
+           : c->strategy == OSFT_FLINEAR_HYBRID ? "hybrid"
+                                                : "factorized",
            c->dtype == TT_BF16 ? "bf16" : "fp32");
 }
 
@@ -147,10 +149,13 @@ static void run_case(osft_context_t ctx, const fwd_case *c) {
   ref_grads ref = ref_backward(&R, xd, gd, c->m);
   const double *refs[5] = {ref.dx, ref.du, ref.ds, ref.dv, ref.db};
   static const char *const names[5] = {"dx", "dU_low", "dS_low", "dV_low", "db"};
-  /* bf16 gradients of the factors sum over M products: loosen a little */
+  /* bf16 gradients of the factors sum over M products of bf16-rounded
+   * intermediates: loosen a little (dS_low with l = 1 is one such sum,
+   * which may cancel: 0.036 seen with the factorized and hybrid forms) */
   for (int i = 0; i < 5; ++i) {
     snprintf(what, sizeof what, "backward %s %s", names[i], name);
-    expect_close(what, outs[i], refs[i], tol_for(c->dtype));
+    const int factor = i >= 1 && i <= 3 && c->dtype == TT_BF16;
+    expect_close(what, outs[i], refs[i], (factor ? 1.5 : 1.0) * tol_for(c->dtype));
   }
   /* accumulate: grads hold the values just computed; adding once more doubles them */
   gr.accumulate = OSFT_FLINEAR_ACCUMULATE_ALL;
@@ -183,14 +188,14 @@ static void run_case(osft_context_t ctx, const fwd_case *c) {
 static void test_forward_backward_grid(void **state) {
   const int64_t shapes[2][2] = {{9, 13}, {13, 9}};
   const int64_t ms[2] = {1, 37};
-  const osft_flinear_strategy_t strategies[2] = {OSFT_FLINEAR_FACTORIZED,
-                                                 OSFT_FLINEAR_DENSE};
+  const osft_flinear_strategy_t strategies[3] = {OSFT_FLINEAR_FACTORIZED,
+                                                 OSFT_FLINEAR_DENSE, OSFT_FLINEAR_HYBRID};
   const tt_dtype dtypes[2] = {TT_F32, TT_BF16};
   for (int s = 0; s < 2; ++s)
     for (int mi = 0; mi < 2; ++mi)
       for (int r = 0; r < 2; ++r)
         for (int b = 0; b < 2; ++b)
-          for (int st = 0; st < 2; ++st)
+          for (int st = 0; st < 3; ++st)
             for (int d = 0; d < 2; ++d) {
               const fwd_case c = {shapes[s][0],   shapes[s][1], ms[mi], r, b,
                                   strategies[st], dtypes[d]};
@@ -198,7 +203,7 @@ static void test_forward_backward_grid(void **state) {
             }
 }
 
-/* Both strategies on the same layer and inputs give the same y. */
+/* Every strategy on the same layer and inputs gives the same y. */
 static void test_strategies_agree(void **state) {
   test_seed("agree");
   tt *w = mat(TT_F32, 24, 17);
@@ -207,10 +212,14 @@ static void test_strategies_agree(void **state) {
   tt *x = mat(TT_F32, 50, 17), *y1 = mat(TT_F32, 50, 24), *y2 = mat(TT_F32, 50, 24);
   tt_random(x, -2, 2);
   assert_ok(osft_flinear_forward(layer, &x->t, NULL, &y1->t));
-  assert_ok(osft_flinear_set_strategy(layer, OSFT_FLINEAR_DENSE));
-  assert_ok(osft_flinear_forward(layer, &x->t, NULL, &y2->t));
   double *a = tt_get(y1);
-  expect_close("dense vs factorized", y2, a, 1e-5);
+  const osft_flinear_strategy_t others[2] = {OSFT_FLINEAR_DENSE, OSFT_FLINEAR_HYBRID};
+  for (int i = 0; i < 2; ++i) {
+    assert_ok(osft_flinear_set_strategy(layer, others[i]));
+    tt_poison(y2);
+    assert_ok(osft_flinear_forward(layer, &x->t, NULL, &y2->t));
+    expect_close(i == 0 ? "dense vs factorized" : "hybrid vs factorized", y2, a, 1e-5);
+  }
   free(a);
   tt_free(w);
   tt_free(x);

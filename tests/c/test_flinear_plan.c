@@ -195,6 +195,40 @@ static void test_public_report_matches(void **state) {
   tt_free(w);
 }
 
+/* The hybrid form (dense forward and grad_x, factor gradients from the
+ * factors) against the dense one on a square layer, flop for flop (CPU,
+ * fp32, W kept): its backward costs 2MK^2 + 8MKl against 4MK^2 + 4K^2 l,
+ * so it wins once l < 2MK / (8M - 4K): K/4 (a frozen ratio above 0.75)
+ * for M >> K, 1365 of 4096 (0.67) at M = 2K = 8192; never in the forward
+ * (the same dense GEMM), never for few tokens (the factorized form). */
+static int cpu_ratio(int64_t k, int64_t l, int64_t tokens, int backward, unsigned want) {
+  return osfti_flinear_plan_choice(0, 0, 0, 1, k, k, k - l, l, 0, 0, tokens, backward,
+                                   want, 0);
+}
+
+static void test_hybrid_above_three_quarters_frozen(void **state) {
+  (void)state;
+  const int64_t k = 4096, m = 8192;
+  assert_int_equal(cpu_ratio(k, k / 2, m, 1, WANT_ALL), OSFT_FLINEAR_DENSE); /* 0.5 */
+  assert_int_equal(cpu_ratio(k, 1400, m, 1, WANT_ALL), OSFT_FLINEAR_DENSE);  /* 0.66 */
+  assert_int_equal(cpu_ratio(k, 1330, m, 1, WANT_ALL), OSFT_FLINEAR_HYBRID); /* 0.68 */
+  /* M >> K: the threshold tends to K/4 */
+  assert_int_equal(cpu_ratio(k, 1070, 1 << 20, 1, WANT_ALL), OSFT_FLINEAR_DENSE);
+  assert_int_equal(cpu_ratio(k, 1000, 1 << 20, 1, WANT_ALL), OSFT_FLINEAR_HYBRID);
+  assert_int_equal(cpu_ratio(k, k / 10, m, 1, WANT_ALL), OSFT_FLINEAR_HYBRID); /* 0.9 */
+  /* the forward is the dense one's: reported as dense */
+  assert_int_equal(cpu_ratio(k, k / 10, m, 0, WANT_ALL), OSFT_FLINEAR_DENSE);
+  /* few tokens: the factorized form */
+  assert_int_equal(cpu_ratio(k, k / 10, 16, 1, WANT_ALL), OSFT_FLINEAR_FACTORIZED);
+  /* only grad_x wanted: no factor gradients to save on, dense (kept W) */
+  assert_int_equal(cpu_ratio(k, k / 10, m, 1, WANT_X), OSFT_FLINEAR_DENSE);
+  /* a CUDA layer with bf16 factors at a frozen ratio of 0.9: hybrid too */
+  const int64_t l = 410;
+  assert_int_equal(
+      osfti_flinear_plan_choice(1, 0, 1, 0, k, k, k - l, l, 1, 1, m, 1, WANT_ALL, 0),
+      OSFT_FLINEAR_HYBRID);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cuda_bf16_rebuilds_where_it_pays),
@@ -205,6 +239,7 @@ int main(void) {
       cmocka_unit_test(test_cuda_tf32_makes_the_rebuild_cheaper),
       cmocka_unit_test(test_workspace_limit_rules_out_dense),
       cmocka_unit_test(test_public_report_matches),
+      cmocka_unit_test(test_hybrid_above_three_quarters_frozen),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -127,7 +127,7 @@ static void caller_separate_tensors(DLTensor views[6], tt *all[6]) {
  * factors against the float64 reference R of them. */
 static void check_caller_layer(osft_flinear_t layer, const ref_layer *R) {
   const int64_t n = CF_N, kin = CF_KIN, l = CF_L;
-  for (int st = OSFT_FLINEAR_FACTORIZED; st <= OSFT_FLINEAR_DENSE; ++st) {
+  for (int st = OSFT_FLINEAR_FACTORIZED; st <= OSFT_FLINEAR_HYBRID; ++st) {
     assert_ok(osft_flinear_set_strategy(layer, (osft_flinear_strategy_t)st));
     tt *x = mat(TT_F32, 5, kin), *y = mat(TT_F32, 5, n), *g = mat(TT_F32, 5, n);
     tt *dx = mat(TT_F32, 5, kin), *du = mat(TT_F32, n, l), *ds = vec(TT_F32, l);
@@ -207,6 +207,17 @@ static void test_strategy_choice(void **state) {
   assert_ok(osft_flinear_set_strategy(layer, OSFT_FLINEAR_FACTORIZED));
   assert_ok(osft_flinear_choose_strategy(layer, 100000, OSFT_FLINEAR_FORWARD, &s));
   assert_int_equal(s, OSFT_FLINEAR_FACTORIZED);
+  assert_ok(osft_flinear_set_strategy(layer, OSFT_FLINEAR_HYBRID));
+  assert_ok(osft_flinear_choose_strategy(layer, 100000, OSFT_FLINEAR_BACKWARD, &s));
+  assert_int_equal(s, OSFT_FLINEAR_HYBRID);
+  assert_ok(osft_flinear_destroy(layer));
+  /* frozen ratio 0.9 (l = 6 of 64): the backward's factor gradients from
+   * the factors (hybrid), the forward dense */
+  layer = decompose(CTX, w, 0.9, OSFT_FLINEAR_AUTO);
+  assert_ok(osft_flinear_choose_strategy(layer, 100000, OSFT_FLINEAR_BACKWARD, &s));
+  assert_int_equal(s, OSFT_FLINEAR_HYBRID);
+  assert_ok(osft_flinear_choose_strategy(layer, 100000, OSFT_FLINEAR_FORWARD, &s));
+  assert_int_equal(s, OSFT_FLINEAR_DENSE);
   assert_ok(osft_flinear_destroy(layer));
   /* a workspace limit too small for the dense weight rules it out */
   osft_context_options_t o;

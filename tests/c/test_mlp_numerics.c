@@ -210,6 +210,128 @@ static void test_large_inputs(void **state) {
   }
 }
 
+/* The MLP over options with a budget of `budget` bytes (TILING_BUDGET). */
+static void use_budget(osft_context_t ctx, fixture *f, size_t budget) {
+  assert_ok(osft_mlp_destroy(f->mlp));
+  osft_mlp_options_t o;
+  assert_ok(OSFT_MLP_OPTIONS_INIT(&o));
+  o.dtype = dl_dtype(f->c.dtype);
+  o.tiling = OSFT_MLP_TILING_BUDGET;
+  o.memory_budget = budget;
+  assert_ok(create_mlp(ctx, f, &o));
+}
+
+static uint64_t in_use(osft_context_t ctx) {
+  osft_memory_stats_t st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  assert_ok(osft_context_get_memory_stats(ctx, &st));
+  return tt_device() == OSFT_DEVICE_CPU ? st.host_in_use : st.device_in_use;
+}
+
+/* Forward on x, backward on bx (x itself, another buffer, or x changed in
+ * place), gradients against the reference of bx. */
+static void forward_then_backward(fixture *f, tt *x, tt *bx, int64_t m, int64_t tiles,
+                                  const char *label) {
+  tt *gy = activations(f, 2, (int64_t[1]){m}), *y = tt_new(f->c.dtype, 2, x->shape);
+  assert_ok(osft_mlp_forward(f->mlp, &x->t, &y->t, tiles));
+  if (bx == x && tt_device() == OSFT_DEVICE_CPU) { /* x changed in place */
+    double *xd = tt_get(x);
+    xd[0] += 0.5;
+    tt_set(x, xd);
+    free(xd);
+  }
+  double *xd = tt_get(bx), *gyd = tt_get(gy);
+  ref_out o = ref_run(&f->R, xd, gyd, m);
+  grads G;
+  grads_new(f, bx, &G);
+  tt *slot[SLOTS];
+  grad_slots(&G, slot);
+  for (int i = 0; i < SLOTS; ++i)
+    if (slot[i]) tt_poison(slot[i]);
+  assert_ok(osft_mlp_backward(f->mlp, &bx->t, &gy->t, &G.g, tiles));
+  expect_grads(f, &G, &o, NULL, label);
+  grads_free(&G);
+  ref_out_free(&o);
+  free(xd);
+  free(gyd);
+  tt_free(gy);
+  tt_free(y);
+}
+
+/* A budget that holds every tile's intermediates: the plan reports no
+ * recompute, the forward keeps G and U (the context's memory in use grows
+ * by the reported bytes until the backward frees them), and the gradients
+ * match the reference; a backward on another x, or (CPU) on x changed in
+ * place, recomputes and matches too. Below that budget: recompute. */
+static void test_budget_holding_every_tile_drops_the_recompute(void **state) {
+  const struct {
+    osft_mlp_variant_t v;
+    int layers;
+    tt_dtype d;
+  } cases[4] = {{OSFT_MLP_SWIGLU, 0, TT_F32},
+                {OSFT_MLP_SWIGLU, 7, TT_F32},
+                {OSFT_MLP_GELU_TANH, 0, TT_F32},
+                {OSFT_MLP_SWIGLU, 1 << UP, TT_BF16}};
+  for (int ci = 0; ci < 4; ++ci) {
+    test_seed("kept forward");
+    cfg c = base_cfg(cases[ci].v, cases[ci].d);
+    c.bias = 1;
+    c.layers = cases[ci].layers;
+    c.fdtype = cases[ci].d;
+    fixture *f = fx_new(CTX, c);
+    const int64_t m = 29;
+    const size_t e = cases[ci].d == TT_BF16 ? 2 : 4;
+    const size_t kept = (size_t)(m * c.I) * e * (variant_gated(c.variant) ? 2 : 1);
+    use_budget(CTX, f, (size_t)1 << 26);
+    osft_mlp_plan_t plan;
+    memset(&plan, 0xff, sizeof plan);
+    plan.struct_size = sizeof plan;
+    assert_ok(osft_mlp_get_plan(f->mlp, m, 0, &plan));
+    assert_int_equal(plan.recompute, 0);
+    assert_int_equal(plan.kept_bytes, kept);
+    assert_int_equal(plan.num_tiles, 1);
+    char label[96];
+    for (int64_t tiles = 0; tiles <= 3; tiles += 3) {
+      snprintf(label, sizeof label, "kept, case %d, tiles %lld", ci, (long long)tiles);
+      check_pass(f, 2, (int64_t[1]){m}, tiles, 0, label);
+      /* the forward keeps exactly what the plan says, the backward frees it */
+      tt *x = activations(f, 2, (int64_t[1]){m}), *y = tt_new(c.dtype, 2, x->shape);
+      const uint64_t base = in_use(CTX);
+      assert_ok(osft_mlp_forward(f->mlp, &x->t, &y->t, tiles));
+      assert_int_equal(in_use(CTX) - base >= kept, 1);
+      tt_free(y);
+      snprintf(label, sizeof label, "kept, other x, case %d", ci);
+      tt *x2 = activations(f, 2, (int64_t[1]){m});
+      forward_then_backward(f, x, x2, m, tiles, label);
+      snprintf(label, sizeof label, "kept, x changed in place, case %d", ci);
+      forward_then_backward(f, x, x, m, tiles, label);
+      tt_free(x);
+      tt_free(x2);
+    }
+    /* a budget below every tile's intermediates: recompute, nothing kept */
+    use_budget(CTX, f, kept / 4);
+    assert_ok(osft_mlp_get_plan(f->mlp, m, 0, &plan));
+    assert_int_equal(plan.recompute, 1);
+    assert_int_equal(plan.kept_bytes, 0);
+    check_pass(f, 2, (int64_t[1]){m}, 0, 0, "budget below every tile");
+    fx_free(f);
+  }
+  /* refusals */
+  test_seed("plan refusals");
+  fixture *f = fx_new(CTX, base_cfg(OSFT_MLP_SWIGLU, TT_F32));
+  osft_mlp_plan_t plan;
+  plan.struct_size = 8;
+  assert_status(osft_mlp_get_plan(f->mlp, 4, 0, &plan), OSFT_STATUS_INVALID_STRUCT_SIZE);
+  plan.struct_size = sizeof plan;
+  assert_status(osft_mlp_get_plan(f->mlp, -1, 0, &plan), OSFT_STATUS_INVALID_ARGUMENT);
+  assert_status(osft_mlp_get_plan(f->mlp, 4, -1, &plan), OSFT_STATUS_INVALID_ARGUMENT);
+  assert_status(osft_mlp_get_plan(f->mlp, 4, 0, NULL), OSFT_STATUS_INVALID_ARGUMENT);
+  assert_ok(osft_mlp_get_plan(f->mlp, 4, 0, &plan));
+  assert_int_equal(plan.recompute, 1); /* AUTO tiling: never kept */
+  fx_free(f);
+}
+
 int main(void) {
   if (!tt_device_present()) return OSFT_TEST_SKIP;
   const struct CMUnitTest tests[] = {
@@ -219,6 +341,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_layer_projections, tt_setup_quiet,
                                       tt_teardown_quiet),
       cmocka_unit_test_setup_teardown(test_gradients_are_the_sum_over_tiles,
+                                      tt_setup_quiet, tt_teardown_quiet),
+      cmocka_unit_test_setup_teardown(test_budget_holding_every_tile_drops_the_recompute,
                                       tt_setup_quiet, tt_teardown_quiet),
       cmocka_unit_test_setup_teardown(test_large_inputs, tt_setup_quiet,
                                       tt_teardown_quiet),

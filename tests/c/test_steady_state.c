@@ -155,6 +155,8 @@ static void test_flinear_steady(void **state) {
   run_flinear(TT_F32, OSFT_FLINEAR_DENSE, "flinear fp32 dense");
   run_flinear(TT_BF16, OSFT_FLINEAR_FACTORIZED, "flinear bf16 factorized");
   run_flinear(TT_BF16, OSFT_FLINEAR_DENSE, "flinear bf16 dense");
+  run_flinear(TT_F32, OSFT_FLINEAR_HYBRID, "flinear fp32 hybrid");
+  run_flinear(TT_BF16, OSFT_FLINEAR_HYBRID, "flinear bf16 hybrid");
 }
 
 /* ------------------------------------------------------------ projection */

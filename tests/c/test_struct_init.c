@@ -1,6 +1,7 @@
 /* The initializers of the structs the library fills in (added in 1.3.0):
- * osft_memory_stats_init, osft_flce_plan_init, osft_comm_stats_init and
- * osft_projector_info_init, and their OSFT_*_INIT macros. Each zeroes the
+ * osft_memory_stats_init, osft_flce_plan_init, osft_comm_stats_init,
+ * osft_projector_info_init, osft_flinear_info_init and osft_mlp_plan_init,
+ * and their OSFT_*_INIT macros. Each zeroes the
  * struct and sets struct_size (a newer caller's larger struct included),
  * refuses NULL and a struct_size below the 1.0 layout without writing, and
  * gives a struct the matching query accepts. */
@@ -20,6 +21,12 @@ static osft_status_t init_comm_stats(void *p, size_t n) {
 static osft_status_t init_projector_info(void *p, size_t n) {
   return osft_projector_info_init(p, n);
 }
+static osft_status_t init_flinear_info(void *p, size_t n) {
+  return osft_flinear_info_init(p, n);
+}
+static osft_status_t init_mlp_plan(void *p, size_t n) {
+  return osft_mlp_plan_init(p, n);
+}
 
 typedef struct {
   osft_status_t (*init)(void *, size_t);
@@ -32,6 +39,8 @@ static const struct_init_case kCases[] = {
     {init_flce_plan, sizeof(osft_flce_plan_t), "plan"},
     {init_comm_stats, sizeof(osft_comm_stats_t), "stats"},
     {init_projector_info, sizeof(osft_projector_info_t), "info"},
+    {init_flinear_info, sizeof(osft_flinear_info_t), "info"},
+    {init_mlp_plan, sizeof(osft_mlp_plan_t), "plan"},
 };
 
 static void test_zeroes_and_sets_struct_size(void **state) {

@@ -92,8 +92,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (fz_bool(&f)) {
     o.rank_ratio = fz_double(&f, 0.5);
     if (!(o.rank_ratio > 0 && o.rank_ratio < 1)) must_fail = 1;
-    o.strategy = (osft_flinear_strategy_t)fz_enum(&f, (int)fz_range(&f, 0, 2), 3);
-    if ((int)o.strategy < 0 || (int)o.strategy > 2) must_fail = 1;
+    o.strategy = (osft_flinear_strategy_t)fz_enum(&f, (int)fz_range(&f, 0, 3), 4);
+    if ((int)o.strategy < 0 || (int)o.strategy > 3) must_fail = 1;
     static const uint8_t fdt[][2] = {
         {0, 0}, {kDLFloat, 32}, {kDLBfloat, 16}, {kDLFloat, 64}, {kDLInt, 32}};
     const int c = (int)fz_range(&f, 0, 4);
@@ -323,13 +323,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                           &chosen);
         if (!fz_status(st, "osft_flinear_choose_strategy",
                        tokens < 0 || pass < 0 || pass > 1) &&
-            chosen != OSFT_FLINEAR_FACTORIZED && chosen != OSFT_FLINEAR_DENSE)
+            chosen != OSFT_FLINEAR_FACTORIZED && chosen != OSFT_FLINEAR_DENSE &&
+            chosen != OSFT_FLINEAR_HYBRID)
           fz_die("osft_flinear_choose_strategy chose %d", (int)chosen);
       } else {
-        const int s2 = fz_enum(&f, (int)fz_range(&f, 0, 2), 3);
+        const int s2 = fz_enum(&f, (int)fz_range(&f, 0, 3), 4);
         fz_before();
         fz_status(osft_flinear_set_strategy(layer, (osft_flinear_strategy_t)s2),
-                  "osft_flinear_set_strategy", s2 < 0 || s2 > 2);
+                  "osft_flinear_set_strategy", s2 < 0 || s2 > 3);
         fz_before();
         fz_status(osft_flinear_refresh(layer), "osft_flinear_refresh", 0);
       }

@@ -476,7 +476,7 @@ def _orthogonality64(layer):
 def test_deepcopy_of_a_whole_model_trains_independently(gen):
     m = _TinyModel(gen)
     opt = torch.optim.SGD(m.parameters(), lr=0.05)
-    proj = ot.OSFTProjector(m).attach(opt)
+    proj = ot.OSFTProjector(m).attach(opt, gradients="backward")
     x = rand(gen, 2, 5, H)
     t = torch.randint(0, V, (2, 5), generator=gen)
     m(x, t).backward()
@@ -495,7 +495,7 @@ def test_deepcopy_of_a_whole_model_trains_independently(gen):
 
     # a projector over the copy; the original's hooks stay with the original
     opt_c = torch.optim.SGD(c.parameters(), lr=0.05)
-    proj_c = ot.OSFTProjector(c).attach(opt_c)
+    proj_c = ot.OSFTProjector(c).attach(opt_c, gradients="backward")
     lc.backward()
     assert all(p.grad is None for p in m.parameters()), "the original's gradients were touched"
     assert proj.projections["gradients"] == 1 and proj_c.projections["gradients"] == 1

@@ -33,7 +33,8 @@ def _ref_flinear(m, x, gy):
     return y, x64.grad, ul.grad, sl.grad, vl.grad, (b.grad if b is not None else None)
 
 
-@pytest.mark.parametrize("dtype,strategy", [(torch.float32, "auto"), (torch.float32, "dense"), (torch.float32, "factorized"), (torch.bfloat16, "auto")])
+@pytest.mark.parametrize("dtype,strategy", [(torch.float32, "auto"), (torch.float32, "dense"), (torch.float32, "factorized"), (torch.float32, "hybrid"),
+                                            (torch.bfloat16, "auto"), (torch.bfloat16, "hybrid")])
 def test_osft_linear_matches_float64(gen, dtype, strategy):
     lin = nn.Linear(24, 18)
     with torch.no_grad():

@@ -16,9 +16,9 @@ const libosftrt = get(ENV, "OSFTRT_LIBRARY", "libosftrt.so.1")
 
 # ---- integer macros ----------------------------------------------------------
 const OSFT_VERSION_MAJOR = 1  # include/osftrt/export.h
-const OSFT_VERSION_MINOR = 2  # include/osftrt/export.h
+const OSFT_VERSION_MINOR = 3  # include/osftrt/export.h
 const OSFT_VERSION_PATCH = 0  # include/osftrt/export.h
-const OSFT_VERSION_NUMBER = 10200  # include/osftrt/export.h
+const OSFT_VERSION_NUMBER = 10300  # include/osftrt/export.h
 const DLPACK_VERSION = 60  # dlpack.h
 const OSFT_NCCL_UNIQUE_ID_BYTES = 128  # include/osftrt/comm.h
 const OSFT_FLCE_ACCUMULATE_GRAD_X = UInt32(0x1)  # include/osftrt/flce.h
@@ -162,6 +162,7 @@ const osft_flinear_strategy_t = Cuint  # include/osftrt/flinear.h
 const OSFT_FLINEAR_AUTO = osft_flinear_strategy_t(0)
 const OSFT_FLINEAR_FACTORIZED = osft_flinear_strategy_t(1)
 const OSFT_FLINEAR_DENSE = osft_flinear_strategy_t(2)
+const OSFT_FLINEAR_HYBRID = osft_flinear_strategy_t(3)
 
 """
  @brief The six factors, for osft_flinear_get_factor(). Values fixed forever.
@@ -180,6 +181,15 @@ const OSFT_FACTOR_V_LOW = osft_flinear_factor_t(5)
 const osft_flinear_pass_t = Cuint  # include/osftrt/flinear.h
 const OSFT_FLINEAR_FORWARD = osft_flinear_pass_t(0)
 const OSFT_FLINEAR_BACKWARD = osft_flinear_pass_t(1)
+
+"""
+ @brief How a layer learns that its trainable factors changed, for
+osft_flinear_options_t::trainable_updates (since 1.3). Values fixed
+forever.
+"""
+const osft_flinear_updates_t = Cuint  # include/osftrt/flinear.h
+const OSFT_FLINEAR_UPDATES_DETECTED = osft_flinear_updates_t(0)
+const OSFT_FLINEAR_UPDATES_REPORTED = osft_flinear_updates_t(1)
 
 """
  @brief The MLP's structure. Values are fixed forever (ABI.md).
@@ -722,6 +732,7 @@ struct osft_flinear_options_t
     rank_ratio::Cdouble
     strategy::osft_flinear_strategy_t
     factor_dtype::DLDataType
+    trainable_updates::osft_flinear_updates_t
 end
 
 """
@@ -738,7 +749,7 @@ function osft_flinear_options_t(; kwargs...)
     for k in keys(kwargs)
         k in fieldnames(osft_flinear_options_t) || throw(ArgumentError("osft_flinear_options_t has no field $k"))
     end
-    return osft_flinear_options_t(get(kwargs, :struct_size, d.struct_size), get(kwargs, :rank_ratio, d.rank_ratio), get(kwargs, :strategy, d.strategy), get(kwargs, :factor_dtype, d.factor_dtype))
+    return osft_flinear_options_t(get(kwargs, :struct_size, d.struct_size), get(kwargs, :rank_ratio, d.rank_ratio), get(kwargs, :strategy, d.strategy), get(kwargs, :factor_dtype, d.factor_dtype), get(kwargs, :trainable_updates, d.trainable_updates))
 end
 
 """
@@ -809,6 +820,37 @@ function osft_flinear_grads_t(; kwargs...)
         k in fieldnames(osft_flinear_grads_t) || throw(ArgumentError("osft_flinear_grads_t has no field $k"))
     end
     return osft_flinear_grads_t(get(kwargs, :struct_size, d.struct_size), get(kwargs, :grad_x, d.grad_x), get(kwargs, :grad_u_low, d.grad_u_low), get(kwargs, :grad_s_low, d.grad_s_low), get(kwargs, :grad_v_low, d.grad_v_low), get(kwargs, :grad_bias, d.grad_bias), get(kwargs, :accumulate, d.accumulate))
+end
+
+"""
+`osft_flinear_info_t` (include/osftrt/flinear.h)
+
+ @brief What a layer has done so far, for osft_flinear_get_info() (since
+1.3). Counters start at 0 when the layer is created.
+"""
+struct osft_flinear_info_t
+    struct_size::Csize_t
+    rebuilds::UInt64
+    frozen_builds::UInt64
+    trainable_version::UInt64
+    weight_kept::Cint
+end
+
+"""
+    osft_flinear_info_t(; field = value, ...)
+
+The defaults of `osft_flinear_info_init` (the library's own, as `osft_flinear_info_init` writes them
+for `struct_size = sizeof(osft_flinear_info_t)`), with the given fields replaced.
+"""
+function osft_flinear_info_t(; kwargs...)
+    r = Ref{osft_flinear_info_t}()
+    st = osft_flinear_info_init(r, Csize_t(sizeof(osft_flinear_info_t)))
+    st == OSFT_STATUS_SUCCESS || error("osft_flinear_info_init failed: ", unsafe_string(osft_last_error()))
+    d = r[]
+    for k in keys(kwargs)
+        k in fieldnames(osft_flinear_info_t) || throw(ArgumentError("osft_flinear_info_t has no field $k"))
+    end
+    return osft_flinear_info_t(get(kwargs, :struct_size, d.struct_size), get(kwargs, :rebuilds, d.rebuilds), get(kwargs, :frozen_builds, d.frozen_builds), get(kwargs, :trainable_version, d.trainable_version), get(kwargs, :weight_kept, d.weight_kept))
 end
 
 """
@@ -884,6 +926,37 @@ function osft_mlp_options_t(; kwargs...)
         k in fieldnames(osft_mlp_options_t) || throw(ArgumentError("osft_mlp_options_t has no field $k"))
     end
     return osft_mlp_options_t(get(kwargs, :struct_size, d.struct_size), get(kwargs, :tiling, d.tiling), get(kwargs, :tile_tokens, d.tile_tokens), get(kwargs, :memory_budget, d.memory_budget), get(kwargs, :dtype, d.dtype))
+end
+
+"""
+`osft_mlp_plan_t` (include/osftrt/mlp.h)
+
+ @brief What a forward and backward over a number of tokens do, for
+osft_mlp_get_plan() (since 1.3).
+"""
+struct osft_mlp_plan_t
+    struct_size::Csize_t
+    num_tiles::Int64
+    tile_tokens::Int64
+    recompute::Cint
+    kept_bytes::Csize_t
+end
+
+"""
+    osft_mlp_plan_t(; field = value, ...)
+
+The defaults of `osft_mlp_plan_init` (the library's own, as `osft_mlp_plan_init` writes them
+for `struct_size = sizeof(osft_mlp_plan_t)`), with the given fields replaced.
+"""
+function osft_mlp_plan_t(; kwargs...)
+    r = Ref{osft_mlp_plan_t}()
+    st = osft_mlp_plan_init(r, Csize_t(sizeof(osft_mlp_plan_t)))
+    st == OSFT_STATUS_SUCCESS || error("osft_mlp_plan_init failed: ", unsafe_string(osft_last_error()))
+    d = r[]
+    for k in keys(kwargs)
+        k in fieldnames(osft_mlp_plan_t) || throw(ArgumentError("osft_mlp_plan_t has no field $k"))
+    end
+    return osft_mlp_plan_t(get(kwargs, :struct_size, d.struct_size), get(kwargs, :num_tiles, d.num_tiles), get(kwargs, :tile_tokens, d.tile_tokens), get(kwargs, :recompute, d.recompute), get(kwargs, :kept_bytes, d.kept_bytes))
 end
 
 """
@@ -2353,7 +2426,8 @@ used; `opts` may be NULL.
 
 @param[in]  ctx      The context.
 @param[in]  factors  The six factors (osft_flinear_factors_t).
-@param[in]  opts     The options (only strategy is used), or NULL.
+@param[in]  opts     The options (only strategy and trainable_updates
+                     are used), or NULL.
 @param[out] layer    Receives the new layer.
 @return Errors: as for osft_flinear_create_from_weight, with the shape rules
 above (a message names the factor).
@@ -2421,7 +2495,9 @@ shape, strides; byte_offset 0).
 The shape and strides arrays belong to the
 layer and stay valid until it is destroyed or re-decomposed. Writing
 through the view updates the layer (frozen factors: call
-osft_flinear_refresh() afterwards).
+osft_flinear_refresh() afterwards). A view of U_low, S_low or V_low
+counts as a report of a change (osft_flinear_mark_updated()): the next
+call that needs the dense W rebuilds it.
 
 @param[in]  layer  The layer.
 @param[in]  which  The factor.
@@ -2470,7 +2546,12 @@ every gradient is requested.
 @param[in]  layer   The layer.
 @param[in]  tokens  The number of rows M of the call, >= 0.
 @param[in]  pass    The pass.
-@param[out] chosen  Receives OSFT_FLINEAR_FACTORIZED or OSFT_FLINEAR_DENSE.
+For the forward, OSFT_FLINEAR_HYBRID computes as OSFT_FLINEAR_DENSE, and
+the cost model reports OSFT_FLINEAR_DENSE or OSFT_FLINEAR_FACTORIZED; for
+the backward it picks any of the three.
+
+@param[out] chosen  Receives OSFT_FLINEAR_FACTORIZED, OSFT_FLINEAR_DENSE
+                    or (since 1.3) OSFT_FLINEAR_HYBRID.
 @retval OSFT_STATUS_SUCCESS  *chosen was written.
 @retval OSFT_STATUS_INVALID_HANDLE  layer is not a live layer.
 @retval OSFT_STATUS_INVALID_ARGUMENT  (chosen NULL, tokens < 0, unknown
@@ -2652,6 +2733,72 @@ function osft_flinear_refresh(layer)
 end
 
 """
+    osft_flinear_mark_updated(layer) -> osft_status_t
+
+@brief Reports that the trainable factors (U_low, S_low, V_low) changed:
+the dense W kept from them is rebuilt at the next call that needs it
+(since 1.3).
+
+Needed only for a layer created with trainable_updates =
+OSFT_FLINEAR_UPDATES_REPORTED, after each change made other than through
+the runtime (an optimizer step, a copy into the factors); harmless
+otherwise. Cheap (no device work): call it once per optimizer step, not
+per micro-batch.
+
+@param[in] layer  The layer.
+@retval OSFT_STATUS_SUCCESS  The change is recorded.
+@retval OSFT_STATUS_INVALID_HANDLE  layer is not a live layer.
+
+C header: `include/osftrt/flinear.h`.
+"""
+function osft_flinear_mark_updated(layer)
+    ccall((:osft_flinear_mark_updated, libosftrt), osft_status_t, (osft_flinear_t,), layer)
+end
+
+"""
+    osft_flinear_info_init(info, struct_size) -> osft_status_t
+
+@brief Fills *info with zeros for a struct of struct_size bytes and sets
+info->struct_size = struct_size, ready for osft_flinear_get_info().
+
+Pass sizeof(osft_flinear_info_t), or use OSFT_FLINEAR_INFO_INIT(&s).
+Added in 1.3.0.
+
+@param[out] info  The struct to fill.
+@param[in]  struct_size  sizeof(*info) as the caller compiled it.
+@retval OSFT_STATUS_SUCCESS  The struct was filled.
+@retval OSFT_STATUS_INVALID_ARGUMENT  info is NULL.
+@retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.3 layout.
+@par Thread safety
+Thread-safe (touches only *info).
+
+C header: `include/osftrt/flinear.h`.
+"""
+function osft_flinear_info_init(info, struct_size)
+    ccall((:osft_flinear_info_init, libosftrt), osft_status_t, (Ptr{osft_flinear_info_t}, Csize_t), info, struct_size)
+end
+
+"""
+    osft_flinear_get_info(layer, info) -> osft_status_t
+
+@brief Writes what the layer has done so far (osft_flinear_info_t) into
+*info, whose struct_size the caller sets (since 1.3).
+
+@param[in]  layer  The layer.
+@param[out] info   Receives the counters; info->struct_size is read.
+@retval OSFT_STATUS_SUCCESS  *info was written.
+@retval OSFT_STATUS_INVALID_HANDLE  layer is not a live layer.
+@retval OSFT_STATUS_INVALID_ARGUMENT  info is NULL.
+@retval OSFT_STATUS_INVALID_STRUCT_SIZE  info->struct_size below the 1.3
+  layout.
+
+C header: `include/osftrt/flinear.h`.
+"""
+function osft_flinear_get_info(layer, info)
+    ccall((:osft_flinear_get_info, libosftrt), osft_status_t, (osft_flinear_t, Ptr{osft_flinear_info_t}), layer, info)
+end
+
+"""
     osft_mlp_weights_init(weights, struct_size) -> osft_status_t
 
 @brief Fills *weights with NULLs for a struct of struct_size bytes.
@@ -2776,6 +2923,54 @@ function osft_mlp_get_tile_count(mlp, tokens, num_tiles, tile_tokens)
 end
 
 """
+    osft_mlp_plan_init(plan, struct_size) -> osft_status_t
+
+@brief Fills *plan with zeros for a struct of struct_size bytes and sets
+plan->struct_size = struct_size, ready for osft_mlp_get_plan().
+
+Pass sizeof(osft_mlp_plan_t), or use OSFT_MLP_PLAN_INIT(&s). Added in
+1.3.0.
+
+@param[out] plan  The struct to fill.
+@param[in]  struct_size  sizeof(*plan) as the caller compiled it.
+@retval OSFT_STATUS_SUCCESS  The struct was filled.
+@retval OSFT_STATUS_INVALID_ARGUMENT  plan is NULL.
+@retval OSFT_STATUS_INVALID_STRUCT_SIZE  struct_size below the 1.3 layout.
+@par Thread safety
+Thread-safe (touches only *plan).
+
+C header: `include/osftrt/mlp.h`.
+"""
+function osft_mlp_plan_init(plan, struct_size)
+    ccall((:osft_mlp_plan_init, libosftrt), osft_status_t, (Ptr{osft_mlp_plan_t}, Csize_t), plan, struct_size)
+end
+
+"""
+    osft_mlp_get_plan(mlp, tokens, num_tiles, plan) -> osft_status_t
+
+@brief Reports how calls over `tokens` rows are carried out: the tiling
+(as osft_mlp_get_tile_count(), or exactly num_tiles tiles where
+num_tiles > 0) and whether the backward recomputes the forward (since
+1.3).
+
+@param[in]  mlp        The MLP.
+@param[in]  tokens     M, >= 0.
+@param[in]  num_tiles  0: the MLP's rule; >= 1: exactly that many tiles.
+@param[out] plan       Receives the plan; plan->struct_size is read.
+@retval OSFT_STATUS_SUCCESS  *plan was written.
+@retval OSFT_STATUS_INVALID_HANDLE  mlp is not a live MLP.
+@retval OSFT_STATUS_INVALID_ARGUMENT  (plan NULL, tokens < 0,
+  num_tiles < 0)
+@retval OSFT_STATUS_INVALID_STRUCT_SIZE  plan->struct_size below the 1.3
+  layout.
+
+C header: `include/osftrt/mlp.h`.
+"""
+function osft_mlp_get_plan(mlp, tokens, num_tiles, plan)
+    ccall((:osft_mlp_get_plan, libosftrt), osft_status_t, (osft_mlp_t, Int64, Int64, Ptr{osft_mlp_plan_t}), mlp, tokens, num_tiles, plan)
+end
+
+"""
     osft_mlp_forward(mlp, x, y, num_tiles) -> osft_status_t
 
 @brief Forward: y = MLP(x).
@@ -2835,7 +3030,8 @@ end
 @brief Backward for one forward: x as given to the forward, grad_y = dL/dy
 with y's shape and dtype.
 
-Recomputes each tile's forward, then writes (or, per
+Recomputes each tile's forward (unless the forward kept it: see the
+Memory section and osft_mlp_get_plan()), then writes (or, per
 grads->accumulate and the factor structs' own accumulate bits, adds into)
 every gradient that is not NULL. With M = 0 tokens, overwritten weight and
 bias gradients become zero. Outputs must not overlap the inputs, the
@@ -3400,11 +3596,13 @@ const C_LAYOUTS = Dict{Symbol, Tuple{Int, Vector{Pair{Symbol, Int}}}}(
     :osft_flce_inputs_t => (56, [:struct_size => 0, :x => 8, :weight => 16, :targets => 24, :bias => 32, :class_weight => 40, :grad_loss => 48]),
     :osft_flce_outputs_t => (80, [:struct_size => 0, :loss => 8, :grad_x => 16, :grad_weight => 24, :grad_bias => 32, :z_loss => 40, :accuracy => 48, :argmax => 56, :token_loss => 64, :accumulate => 72]),
     :osft_flce_plan_t => (72, [:struct_size => 0, :tokens => 8, :chunk_rows => 16, :chunks => 24, :scratch_bytes => 32, :budget_bytes => 40, :chunking => 48, :slices => 56, :slice_cols => 64]),
-    :osft_flinear_options_t => (24, [:struct_size => 0, :rank_ratio => 8, :strategy => 16, :factor_dtype => 20]),
+    :osft_flinear_options_t => (32, [:struct_size => 0, :rank_ratio => 8, :strategy => 16, :factor_dtype => 20, :trainable_updates => 24]),
     :osft_flinear_factors_t => (56, [:struct_size => 0, :u_high => 8, :s_high => 16, :v_high => 24, :u_low => 32, :s_low => 40, :v_low => 48]),
     :osft_flinear_grads_t => (56, [:struct_size => 0, :grad_x => 8, :grad_u_low => 16, :grad_s_low => 24, :grad_v_low => 32, :grad_bias => 40, :accumulate => 48]),
+    :osft_flinear_info_t => (40, [:struct_size => 0, :rebuilds => 8, :frozen_builds => 16, :trainable_version => 24, :weight_kept => 32]),
     :osft_mlp_weights_t => (80, [:struct_size => 0, :gate => 8, :up => 16, :down => 24, :gate_layer => 32, :up_layer => 40, :down_layer => 48, :gate_bias => 56, :up_bias => 64, :down_bias => 72]),
     :osft_mlp_options_t => (40, [:struct_size => 0, :tiling => 8, :tile_tokens => 16, :memory_budget => 24, :dtype => 32]),
+    :osft_mlp_plan_t => (40, [:struct_size => 0, :num_tiles => 8, :tile_tokens => 16, :recompute => 24, :kept_bytes => 32]),
     :osft_mlp_grads_t => (96, [:struct_size => 0, :grad_x => 8, :grad_gate => 16, :grad_up => 24, :grad_down => 32, :grad_gate_bias => 40, :grad_up_bias => 48, :grad_down_bias => 56, :gate_factors => 64, :up_factors => 72, :down_factors => 80, :accumulate => 88]),
     :osft_projector_options_t => (16, [:struct_size => 0, :check_consistency => 8, :arithmetic => 12]),
     :osft_projection_target_t => (104, [:struct_size => 0, :u_high => 8, :grad_u_low => 16, :u_low => 24, :u_layout => 32, :u_shards => 40, :n_u_shards => 48, :v_high => 56, :grad_v_low => 64, :v_low => 72, :v_layout => 80, :v_shards => 88, :n_v_shards => 96]),
@@ -3413,6 +3611,6 @@ const C_LAYOUTS = Dict{Symbol, Tuple{Int, Vector{Pair{Symbol, Int}}}}(
 )
 
 # Every public function, for the completeness test.
-const FUNCTIONS = [:osft_status_string, :osft_last_error, :osft_clear_last_error, :osft_version, :osft_version_string, :osft_build_info, :osft_has_feature, :osft_set_log_callback, :osft_device_count, :osft_allocator_init, :osft_context_options_init, :osft_context_create, :osft_context_destroy, :osft_context_get_device, :osft_context_set_stream, :osft_context_get_stream, :osft_context_synchronize, :osft_context_reserve_workspace, :osft_context_release_workspace, :osft_context_get_workspace_size, :osft_memory_stats_init, :osft_context_get_memory_stats, :osft_context_reset_peak_memory, :osft_comm_options_init, :osft_comm_create_self, :osft_comm_create_mpi, :osft_comm_nccl_unique_id, :osft_comm_create_nccl, :osft_comm_create_nccl_from_id, :osft_comm_callbacks_init, :osft_comm_create_callbacks, :osft_comm_destroy, :osft_comm_get_info, :osft_comm_allreduce_sum, :osft_comm_allgather, :osft_comm_barrier, :osft_comm_stats_init, :osft_comm_get_stats, :osft_comm_reset_stats, :osft_flce_options_init, :osft_flce_create, :osft_flce_destroy, :osft_flce_get_options, :osft_flce_inputs_init, :osft_flce_outputs_init, :osft_flce_compute, :osft_flce_check_targets, :osft_flce_plan_init, :osft_flce_get_plan, :osft_flinear_options_init, :osft_flinear_create_from_weight, :osft_flinear_factors_init, :osft_flinear_create_from_factors, :osft_flinear_destroy, :osft_flinear_get_dims, :osft_flinear_get_factor, :osft_flinear_set_strategy, :osft_flinear_choose_strategy, :osft_flinear_forward, :osft_flinear_grads_init, :osft_flinear_backward, :osft_flinear_merge, :osft_flinear_redecompose, :osft_flinear_refresh, :osft_mlp_weights_init, :osft_mlp_options_init, :osft_mlp_create, :osft_mlp_destroy, :osft_mlp_get_tile_count, :osft_mlp_forward, :osft_mlp_grads_init, :osft_mlp_backward, :osft_projector_options_init, :osft_projector_create, :osft_projector_destroy, :osft_projection_target_init, :osft_projector_add_target, :osft_projector_add_layer, :osft_projector_set_grads, :osft_projector_prepare, :osft_projector_invalidate, :osft_projector_project, :osft_projector_project_params, :osft_projector_orthogonality, :osft_projector_info_init, :osft_projector_get_info, :osft_qr_options_init, :osft_qr_batch, :osft_qr_power_iteration]
+const FUNCTIONS = [:osft_status_string, :osft_last_error, :osft_clear_last_error, :osft_version, :osft_version_string, :osft_build_info, :osft_has_feature, :osft_set_log_callback, :osft_device_count, :osft_allocator_init, :osft_context_options_init, :osft_context_create, :osft_context_destroy, :osft_context_get_device, :osft_context_set_stream, :osft_context_get_stream, :osft_context_synchronize, :osft_context_reserve_workspace, :osft_context_release_workspace, :osft_context_get_workspace_size, :osft_memory_stats_init, :osft_context_get_memory_stats, :osft_context_reset_peak_memory, :osft_comm_options_init, :osft_comm_create_self, :osft_comm_create_mpi, :osft_comm_nccl_unique_id, :osft_comm_create_nccl, :osft_comm_create_nccl_from_id, :osft_comm_callbacks_init, :osft_comm_create_callbacks, :osft_comm_destroy, :osft_comm_get_info, :osft_comm_allreduce_sum, :osft_comm_allgather, :osft_comm_barrier, :osft_comm_stats_init, :osft_comm_get_stats, :osft_comm_reset_stats, :osft_flce_options_init, :osft_flce_create, :osft_flce_destroy, :osft_flce_get_options, :osft_flce_inputs_init, :osft_flce_outputs_init, :osft_flce_compute, :osft_flce_check_targets, :osft_flce_plan_init, :osft_flce_get_plan, :osft_flinear_options_init, :osft_flinear_create_from_weight, :osft_flinear_factors_init, :osft_flinear_create_from_factors, :osft_flinear_destroy, :osft_flinear_get_dims, :osft_flinear_get_factor, :osft_flinear_set_strategy, :osft_flinear_choose_strategy, :osft_flinear_forward, :osft_flinear_grads_init, :osft_flinear_backward, :osft_flinear_merge, :osft_flinear_redecompose, :osft_flinear_refresh, :osft_flinear_mark_updated, :osft_flinear_info_init, :osft_flinear_get_info, :osft_mlp_weights_init, :osft_mlp_options_init, :osft_mlp_create, :osft_mlp_destroy, :osft_mlp_get_tile_count, :osft_mlp_plan_init, :osft_mlp_get_plan, :osft_mlp_forward, :osft_mlp_grads_init, :osft_mlp_backward, :osft_projector_options_init, :osft_projector_create, :osft_projector_destroy, :osft_projection_target_init, :osft_projector_add_target, :osft_projector_add_layer, :osft_projector_set_grads, :osft_projector_prepare, :osft_projector_invalidate, :osft_projector_project, :osft_projector_project_params, :osft_projector_orthogonality, :osft_projector_info_init, :osft_projector_get_info, :osft_qr_options_init, :osft_qr_batch, :osft_qr_power_iteration]
 
 end # module LibOsftrt

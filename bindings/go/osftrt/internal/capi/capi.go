@@ -217,6 +217,26 @@ typedef long long swig_type_184;
 typedef long long swig_type_185;
 typedef long long swig_type_186;
 typedef long long swig_type_187;
+typedef long long swig_type_188;
+typedef long long swig_type_189;
+typedef long long swig_type_190;
+typedef long long swig_type_191;
+typedef long long swig_type_192;
+typedef long long swig_type_193;
+typedef long long swig_type_194;
+typedef long long swig_type_195;
+typedef long long swig_type_196;
+typedef long long swig_type_197;
+typedef long long swig_type_198;
+typedef long long swig_type_199;
+typedef long long swig_type_200;
+typedef long long swig_type_201;
+typedef long long swig_type_202;
+typedef long long swig_type_203;
+typedef long long swig_type_204;
+typedef long long swig_type_205;
+typedef long long swig_type_206;
+typedef long long swig_type_207;
 extern void _wrap_Swig_free_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_Swig_malloc_capi_osftrt(swig_intgo arg1);
 extern swig_intgo _wrap_OSFT_ALLOCATOR_INIT_capi_osftrt(uintptr_t arg1);
@@ -239,6 +259,8 @@ extern swig_intgo _wrap_OSFT_MEMORY_STATS_INIT_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_OSFT_COMM_STATS_INIT_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_OSFT_FLCE_PLAN_INIT_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_OSFT_PROJECTOR_INFO_INIT_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_OSFT_FLINEAR_INFO_INIT_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_OSFT_MLP_PLAN_INIT_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_OSFTGO_FLCE_COMPUTE_capi_osftrt(void);
 extern swig_intgo _wrap_OSFTGO_FLCE_PLAN_capi_osftrt(void);
 extern swig_intgo _wrap_OSFTGO_FLINEAR_CREATE_WEIGHT_capi_osftrt(void);
@@ -482,6 +504,7 @@ extern swig_intgo _wrap_osft_comm_reset_stats_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_OSFT_FLINEAR_AUTO_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLINEAR_FACTORIZED_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLINEAR_DENSE_capi_osftrt(void);
+extern swig_intgo _wrap_OSFT_FLINEAR_HYBRID_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FACTOR_U_HIGH_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FACTOR_S_HIGH_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FACTOR_V_HIGH_capi_osftrt(void);
@@ -490,6 +513,8 @@ extern swig_intgo _wrap_OSFT_FACTOR_S_LOW_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FACTOR_V_LOW_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLINEAR_FORWARD_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLINEAR_BACKWARD_capi_osftrt(void);
+extern swig_intgo _wrap_OSFT_FLINEAR_UPDATES_DETECTED_capi_osftrt(void);
+extern swig_intgo _wrap_OSFT_FLINEAR_UPDATES_REPORTED_capi_osftrt(void);
 extern void _wrap_osft_flinear_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_83 arg2);
 extern swig_type_84 _wrap_osft_flinear_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flinear_options_t_rank_ratio_set_capi_osftrt(uintptr_t arg1, double arg2);
@@ -498,6 +523,8 @@ extern void _wrap_osft_flinear_options_t_strategy_set_capi_osftrt(uintptr_t arg1
 extern swig_intgo _wrap_osft_flinear_options_t_strategy_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flinear_options_t_factor_dtype_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flinear_options_t_factor_dtype_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flinear_options_t_trainable_updates_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
+extern swig_intgo _wrap_osft_flinear_options_t_trainable_updates_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flinear_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flinear_options_t_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_flinear_options_init_capi_osftrt(uintptr_t arg1, swig_type_85 arg2);
@@ -553,6 +580,21 @@ extern swig_intgo _wrap_osft_flinear_backward_capi_osftrt(uintptr_t arg1, uintpt
 extern swig_intgo _wrap_osft_flinear_merge_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern swig_intgo _wrap_osft_flinear_redecompose_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern swig_intgo _wrap_osft_flinear_refresh_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_flinear_mark_updated_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flinear_info_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_93 arg2);
+extern swig_type_94 _wrap_osft_flinear_info_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flinear_info_t_rebuilds_set_capi_osftrt(uintptr_t arg1, swig_type_95 arg2);
+extern swig_type_96 _wrap_osft_flinear_info_t_rebuilds_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flinear_info_t_frozen_builds_set_capi_osftrt(uintptr_t arg1, swig_type_97 arg2);
+extern swig_type_98 _wrap_osft_flinear_info_t_frozen_builds_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flinear_info_t_trainable_version_set_capi_osftrt(uintptr_t arg1, swig_type_99 arg2);
+extern swig_type_100 _wrap_osft_flinear_info_t_trainable_version_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flinear_info_t_weight_kept_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
+extern swig_intgo _wrap_osft_flinear_info_t_weight_kept_get_capi_osftrt(uintptr_t arg1);
+extern uintptr_t _wrap_new_osft_flinear_info_t_capi_osftrt(void);
+extern void _wrap_delete_osft_flinear_info_t_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_flinear_info_init_capi_osftrt(uintptr_t arg1, swig_type_101 arg2);
+extern swig_intgo _wrap_osft_flinear_get_info_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern swig_intgo _wrap_OSFT_SHARD_REPLICATED_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_SHARD_U_ROWS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_SHARD_V_ROWS_capi_osftrt(void);
@@ -561,19 +603,19 @@ extern swig_intgo _wrap_OSFT_PROJECTION_ARITHMETIC_AUTO_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_PROJECTION_ARITHMETIC_EXACT_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_PROJECTION_ARITHMETIC_FP32_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_PROJECTION_ARITHMETIC_BF16_capi_osftrt(void);
-extern void _wrap_osft_projector_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_93 arg2);
-extern swig_type_94 _wrap_osft_projector_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_102 arg2);
+extern swig_type_103 _wrap_osft_projector_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projector_options_t_check_consistency_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_projector_options_t_check_consistency_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projector_options_t_arithmetic_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_projector_options_t_arithmetic_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_projector_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_projector_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_projector_options_init_capi_osftrt(uintptr_t arg1, swig_type_95 arg2);
+extern swig_intgo _wrap_osft_projector_options_init_capi_osftrt(uintptr_t arg1, swig_type_104 arg2);
 extern swig_intgo _wrap_osft_projector_create_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_voidp arg4);
 extern swig_intgo _wrap_osft_projector_destroy_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projection_target_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_96 arg2);
-extern swig_type_97 _wrap_osft_projection_target_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projection_target_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_105 arg2);
+extern swig_type_106 _wrap_osft_projection_target_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_u_high_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_projection_target_t_u_high_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_grad_u_low_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -584,8 +626,8 @@ extern void _wrap_osft_projection_target_t_u_layout_set_capi_osftrt(uintptr_t ar
 extern swig_intgo _wrap_osft_projection_target_t_u_layout_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_u_shards_set_capi_osftrt(uintptr_t arg1, swig_voidp arg2);
 extern swig_voidp _wrap_osft_projection_target_t_u_shards_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projection_target_t_n_u_shards_set_capi_osftrt(uintptr_t arg1, swig_type_98 arg2);
-extern swig_type_99 _wrap_osft_projection_target_t_n_u_shards_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projection_target_t_n_u_shards_set_capi_osftrt(uintptr_t arg1, swig_type_107 arg2);
+extern swig_type_108 _wrap_osft_projection_target_t_n_u_shards_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_v_high_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_projection_target_t_v_high_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_grad_v_low_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -596,46 +638,46 @@ extern void _wrap_osft_projection_target_t_v_layout_set_capi_osftrt(uintptr_t ar
 extern swig_intgo _wrap_osft_projection_target_t_v_layout_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projection_target_t_v_shards_set_capi_osftrt(uintptr_t arg1, swig_voidp arg2);
 extern swig_voidp _wrap_osft_projection_target_t_v_shards_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projection_target_t_n_v_shards_set_capi_osftrt(uintptr_t arg1, swig_type_100 arg2);
-extern swig_type_101 _wrap_osft_projection_target_t_n_v_shards_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projection_target_t_n_v_shards_set_capi_osftrt(uintptr_t arg1, swig_type_109 arg2);
+extern swig_type_110 _wrap_osft_projection_target_t_n_v_shards_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_projection_target_t_capi_osftrt(void);
 extern void _wrap_delete_osft_projection_target_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_projection_target_init_capi_osftrt(uintptr_t arg1, swig_type_102 arg2);
+extern swig_intgo _wrap_osft_projection_target_init_capi_osftrt(uintptr_t arg1, swig_type_111 arg2);
 extern swig_intgo _wrap_osft_projector_add_target_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_voidp arg3);
 extern swig_intgo _wrap_osft_projector_add_layer_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4, swig_voidp arg5);
-extern swig_intgo _wrap_osft_projector_set_grads_capi_osftrt(uintptr_t arg1, swig_type_103 arg2, uintptr_t arg3, uintptr_t arg4);
+extern swig_intgo _wrap_osft_projector_set_grads_capi_osftrt(uintptr_t arg1, swig_type_112 arg2, uintptr_t arg3, uintptr_t arg4);
 extern swig_intgo _wrap_osft_projector_prepare_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_projector_invalidate_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_projector_project_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_projector_project_params_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_projector_orthogonality_capi_osftrt(uintptr_t arg1, swig_voidp arg2, swig_voidp arg3);
-extern void _wrap_osft_projector_info_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_104 arg2);
-extern swig_type_105 _wrap_osft_projector_info_t_struct_size_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_targets_set_capi_osftrt(uintptr_t arg1, swig_type_106 arg2);
-extern swig_type_107 _wrap_osft_projector_info_t_targets_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_reduced_elements_set_capi_osftrt(uintptr_t arg1, swig_type_108 arg2);
-extern swig_type_109 _wrap_osft_projector_info_t_reduced_elements_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_collectives_per_project_set_capi_osftrt(uintptr_t arg1, swig_type_110 arg2);
-extern swig_type_111 _wrap_osft_projector_info_t_collectives_per_project_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_coefficient_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_112 arg2);
-extern swig_type_113 _wrap_osft_projector_info_t_coefficient_bytes_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_gathered_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_114 arg2);
-extern swig_type_115 _wrap_osft_projector_info_t_gathered_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_113 arg2);
+extern swig_type_114 _wrap_osft_projector_info_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_targets_set_capi_osftrt(uintptr_t arg1, swig_type_115 arg2);
+extern swig_type_116 _wrap_osft_projector_info_t_targets_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_reduced_elements_set_capi_osftrt(uintptr_t arg1, swig_type_117 arg2);
+extern swig_type_118 _wrap_osft_projector_info_t_reduced_elements_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_collectives_per_project_set_capi_osftrt(uintptr_t arg1, swig_type_119 arg2);
+extern swig_type_120 _wrap_osft_projector_info_t_collectives_per_project_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_coefficient_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_121 arg2);
+extern swig_type_122 _wrap_osft_projector_info_t_coefficient_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_gathered_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_123 arg2);
+extern swig_type_124 _wrap_osft_projector_info_t_gathered_bytes_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_projector_info_t_setup_pending_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_projector_info_t_setup_pending_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_last_gemms_set_capi_osftrt(uintptr_t arg1, swig_type_116 arg2);
-extern swig_type_117 _wrap_osft_projector_info_t_last_gemms_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_last_gemm_calls_set_capi_osftrt(uintptr_t arg1, swig_type_118 arg2);
-extern swig_type_119 _wrap_osft_projector_info_t_last_gemm_calls_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_last_elementwise_calls_set_capi_osftrt(uintptr_t arg1, swig_type_120 arg2);
-extern swig_type_121 _wrap_osft_projector_info_t_last_elementwise_calls_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_last_collectives_set_capi_osftrt(uintptr_t arg1, swig_type_122 arg2);
-extern swig_type_123 _wrap_osft_projector_info_t_last_collectives_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_projector_info_t_last_host_waits_set_capi_osftrt(uintptr_t arg1, swig_type_124 arg2);
-extern swig_type_125 _wrap_osft_projector_info_t_last_host_waits_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_last_gemms_set_capi_osftrt(uintptr_t arg1, swig_type_125 arg2);
+extern swig_type_126 _wrap_osft_projector_info_t_last_gemms_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_last_gemm_calls_set_capi_osftrt(uintptr_t arg1, swig_type_127 arg2);
+extern swig_type_128 _wrap_osft_projector_info_t_last_gemm_calls_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_last_elementwise_calls_set_capi_osftrt(uintptr_t arg1, swig_type_129 arg2);
+extern swig_type_130 _wrap_osft_projector_info_t_last_elementwise_calls_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_last_collectives_set_capi_osftrt(uintptr_t arg1, swig_type_131 arg2);
+extern swig_type_132 _wrap_osft_projector_info_t_last_collectives_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_projector_info_t_last_host_waits_set_capi_osftrt(uintptr_t arg1, swig_type_133 arg2);
+extern swig_type_134 _wrap_osft_projector_info_t_last_host_waits_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_projector_info_t_capi_osftrt(void);
 extern void _wrap_delete_osft_projector_info_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_projector_info_init_capi_osftrt(uintptr_t arg1, swig_type_126 arg2);
+extern swig_intgo _wrap_osft_projector_info_init_capi_osftrt(uintptr_t arg1, swig_type_135 arg2);
 extern swig_intgo _wrap_osft_projector_get_info_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern swig_intgo _wrap_OSFT_MLP_SWIGLU_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_GEGLU_TANH_capi_osftrt(void);
@@ -647,8 +689,8 @@ extern swig_intgo _wrap_OSFT_MLP_RELU_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_TILING_AUTO_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_TILING_TOKENS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_TILING_BUDGET_capi_osftrt(void);
-extern void _wrap_osft_mlp_weights_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_127 arg2);
-extern swig_type_128 _wrap_osft_mlp_weights_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_mlp_weights_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_136 arg2);
+extern swig_type_137 _wrap_osft_mlp_weights_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_weights_t_gate_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_mlp_weights_t_gate_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_weights_t_up_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -669,26 +711,40 @@ extern void _wrap_osft_mlp_weights_t_down_bias_set_capi_osftrt(uintptr_t arg1, u
 extern uintptr_t _wrap_osft_mlp_weights_t_down_bias_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_mlp_weights_t_capi_osftrt(void);
 extern void _wrap_delete_osft_mlp_weights_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_mlp_weights_init_capi_osftrt(uintptr_t arg1, swig_type_129 arg2);
-extern void _wrap_osft_mlp_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_130 arg2);
-extern swig_type_131 _wrap_osft_mlp_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_mlp_weights_init_capi_osftrt(uintptr_t arg1, swig_type_138 arg2);
+extern void _wrap_osft_mlp_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_139 arg2);
+extern swig_type_140 _wrap_osft_mlp_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_options_t_tiling_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_mlp_options_t_tiling_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_mlp_options_t_tile_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_132 arg2);
-extern swig_type_133 _wrap_osft_mlp_options_t_tile_tokens_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_mlp_options_t_memory_budget_set_capi_osftrt(uintptr_t arg1, swig_type_134 arg2);
-extern swig_type_135 _wrap_osft_mlp_options_t_memory_budget_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_mlp_options_t_tile_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_141 arg2);
+extern swig_type_142 _wrap_osft_mlp_options_t_tile_tokens_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_mlp_options_t_memory_budget_set_capi_osftrt(uintptr_t arg1, swig_type_143 arg2);
+extern swig_type_144 _wrap_osft_mlp_options_t_memory_budget_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_options_t_dtype_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_mlp_options_t_dtype_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_mlp_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_mlp_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_mlp_options_init_capi_osftrt(uintptr_t arg1, swig_type_136 arg2);
-extern swig_intgo _wrap_osft_mlp_create_capi_osftrt(uintptr_t arg1, swig_intgo arg2, swig_type_137 arg3, swig_type_138 arg4, uintptr_t arg5, uintptr_t arg6, swig_voidp arg7);
+extern swig_intgo _wrap_osft_mlp_options_init_capi_osftrt(uintptr_t arg1, swig_type_145 arg2);
+extern swig_intgo _wrap_osft_mlp_create_capi_osftrt(uintptr_t arg1, swig_intgo arg2, swig_type_146 arg3, swig_type_147 arg4, uintptr_t arg5, uintptr_t arg6, swig_voidp arg7);
 extern swig_intgo _wrap_osft_mlp_destroy_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_mlp_get_tile_count_capi_osftrt(uintptr_t arg1, swig_type_139 arg2, swig_voidp arg3, swig_voidp arg4);
-extern swig_intgo _wrap_osft_mlp_forward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_type_140 arg4);
-extern void _wrap_osft_mlp_grads_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_141 arg2);
-extern swig_type_142 _wrap_osft_mlp_grads_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_mlp_get_tile_count_capi_osftrt(uintptr_t arg1, swig_type_148 arg2, swig_voidp arg3, swig_voidp arg4);
+extern void _wrap_osft_mlp_plan_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_149 arg2);
+extern swig_type_150 _wrap_osft_mlp_plan_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_mlp_plan_t_num_tiles_set_capi_osftrt(uintptr_t arg1, swig_type_151 arg2);
+extern swig_type_152 _wrap_osft_mlp_plan_t_num_tiles_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_mlp_plan_t_tile_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_153 arg2);
+extern swig_type_154 _wrap_osft_mlp_plan_t_tile_tokens_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_mlp_plan_t_recompute_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
+extern swig_intgo _wrap_osft_mlp_plan_t_recompute_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_mlp_plan_t_kept_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_155 arg2);
+extern swig_type_156 _wrap_osft_mlp_plan_t_kept_bytes_get_capi_osftrt(uintptr_t arg1);
+extern uintptr_t _wrap_new_osft_mlp_plan_t_capi_osftrt(void);
+extern void _wrap_delete_osft_mlp_plan_t_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_mlp_plan_init_capi_osftrt(uintptr_t arg1, swig_type_157 arg2);
+extern swig_intgo _wrap_osft_mlp_get_plan_capi_osftrt(uintptr_t arg1, swig_type_158 arg2, swig_type_159 arg3, uintptr_t arg4);
+extern swig_intgo _wrap_osft_mlp_forward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, swig_type_160 arg4);
+extern void _wrap_osft_mlp_grads_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_161 arg2);
+extern swig_type_162 _wrap_osft_mlp_grads_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_grads_t_grad_x_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_mlp_grads_t_grad_x_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_mlp_grads_t_grad_gate_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -721,8 +777,8 @@ extern swig_intgo _wrap_OSFT_MLP_ACCUMULATE_GRAD_GATE_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_ACCUMULATE_GRAD_UP_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_ACCUMULATE_GRAD_DOWN_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_MLP_ACCUMULATE_ALL_capi_osftrt(void);
-extern swig_intgo _wrap_osft_mlp_grads_init_capi_osftrt(uintptr_t arg1, swig_type_143 arg2);
-extern swig_intgo _wrap_osft_mlp_backward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4, swig_type_144 arg5);
+extern swig_intgo _wrap_osft_mlp_grads_init_capi_osftrt(uintptr_t arg1, swig_type_163 arg2);
+extern swig_intgo _wrap_osft_mlp_backward_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4, swig_type_164 arg5);
 extern swig_intgo _wrap_OSFT_FLCE_MEAN_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_SUM_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_NONE_capi_osftrt(void);
@@ -731,10 +787,10 @@ extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATOR_OUTPUT_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_CHUNKING_AUTO_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_CHUNKING_TOKENS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_CHUNKING_VOCAB_capi_osftrt(void);
-extern void _wrap_osft_flce_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_145 arg2);
-extern swig_type_146 _wrap_osft_flce_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_ignore_index_set_capi_osftrt(uintptr_t arg1, swig_type_147 arg2);
-extern swig_type_148 _wrap_osft_flce_options_t_ignore_index_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_165 arg2);
+extern swig_type_166 _wrap_osft_flce_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_ignore_index_set_capi_osftrt(uintptr_t arg1, swig_type_167 arg2);
+extern swig_type_168 _wrap_osft_flce_options_t_ignore_index_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_label_smoothing_set_capi_osftrt(uintptr_t arg1, double arg2);
 extern double _wrap_osft_flce_options_t_label_smoothing_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_z_loss_scale_set_capi_osftrt(uintptr_t arg1, double arg2);
@@ -745,30 +801,30 @@ extern void _wrap_osft_flce_options_t_reduction_set_capi_osftrt(uintptr_t arg1, 
 extern swig_intgo _wrap_osft_flce_options_t_reduction_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_accumulator_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_flce_options_t_accumulator_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_memory_budget_set_capi_osftrt(uintptr_t arg1, swig_type_149 arg2);
-extern swig_type_150 _wrap_osft_flce_options_t_memory_budget_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_chunk_rows_set_capi_osftrt(uintptr_t arg1, swig_type_151 arg2);
-extern swig_type_152 _wrap_osft_flce_options_t_chunk_rows_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_memory_budget_set_capi_osftrt(uintptr_t arg1, swig_type_169 arg2);
+extern swig_type_170 _wrap_osft_flce_options_t_memory_budget_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_chunk_rows_set_capi_osftrt(uintptr_t arg1, swig_type_171 arg2);
+extern swig_type_172 _wrap_osft_flce_options_t_chunk_rows_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_comm_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flce_options_t_comm_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_vocab_offset_set_capi_osftrt(uintptr_t arg1, swig_type_153 arg2);
-extern swig_type_154 _wrap_osft_flce_options_t_vocab_offset_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_vocab_size_global_set_capi_osftrt(uintptr_t arg1, swig_type_155 arg2);
-extern swig_type_156 _wrap_osft_flce_options_t_vocab_size_global_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_vocab_offset_set_capi_osftrt(uintptr_t arg1, swig_type_173 arg2);
+extern swig_type_174 _wrap_osft_flce_options_t_vocab_offset_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_vocab_size_global_set_capi_osftrt(uintptr_t arg1, swig_type_175 arg2);
+extern swig_type_176 _wrap_osft_flce_options_t_vocab_size_global_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_device_target_check_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_flce_options_t_device_target_check_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_options_t_chunking_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_flce_options_t_chunking_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_options_t_slice_cols_set_capi_osftrt(uintptr_t arg1, swig_type_157 arg2);
-extern swig_type_158 _wrap_osft_flce_options_t_slice_cols_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_options_t_slice_cols_set_capi_osftrt(uintptr_t arg1, swig_type_177 arg2);
+extern swig_type_178 _wrap_osft_flce_options_t_slice_cols_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flce_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flce_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_flce_options_init_capi_osftrt(uintptr_t arg1, swig_type_159 arg2);
+extern swig_intgo _wrap_osft_flce_options_init_capi_osftrt(uintptr_t arg1, swig_type_179 arg2);
 extern swig_intgo _wrap_osft_flce_create_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_voidp arg3);
 extern swig_intgo _wrap_osft_flce_destroy_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_flce_get_options_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
-extern void _wrap_osft_flce_inputs_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_160 arg2);
-extern swig_type_161 _wrap_osft_flce_inputs_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_inputs_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_180 arg2);
+extern swig_type_181 _wrap_osft_flce_inputs_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_inputs_t_x_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flce_inputs_t_x_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_inputs_t_weight_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -783,9 +839,9 @@ extern void _wrap_osft_flce_inputs_t_grad_loss_set_capi_osftrt(uintptr_t arg1, u
 extern uintptr_t _wrap_osft_flce_inputs_t_grad_loss_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flce_inputs_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flce_inputs_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_flce_inputs_init_capi_osftrt(uintptr_t arg1, swig_type_162 arg2);
-extern void _wrap_osft_flce_outputs_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_163 arg2);
-extern swig_type_164 _wrap_osft_flce_outputs_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_flce_inputs_init_capi_osftrt(uintptr_t arg1, swig_type_182 arg2);
+extern void _wrap_osft_flce_outputs_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_183 arg2);
+extern swig_type_184 _wrap_osft_flce_outputs_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_outputs_t_loss_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern uintptr_t _wrap_osft_flce_outputs_t_loss_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_outputs_t_grad_x_set_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
@@ -810,36 +866,36 @@ extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATE_GRAD_X_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATE_GRAD_WEIGHT_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATE_GRAD_BIAS_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_FLCE_ACCUMULATE_ALL_capi_osftrt(void);
-extern swig_intgo _wrap_osft_flce_outputs_init_capi_osftrt(uintptr_t arg1, swig_type_165 arg2);
+extern swig_intgo _wrap_osft_flce_outputs_init_capi_osftrt(uintptr_t arg1, swig_type_185 arg2);
 extern swig_intgo _wrap_osft_flce_compute_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3);
 extern swig_intgo _wrap_osft_flce_check_targets_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_166 arg2);
-extern swig_type_167 _wrap_osft_flce_plan_t_struct_size_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_168 arg2);
-extern swig_type_169 _wrap_osft_flce_plan_t_tokens_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_chunk_rows_set_capi_osftrt(uintptr_t arg1, swig_type_170 arg2);
-extern swig_type_171 _wrap_osft_flce_plan_t_chunk_rows_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_chunks_set_capi_osftrt(uintptr_t arg1, swig_type_172 arg2);
-extern swig_type_173 _wrap_osft_flce_plan_t_chunks_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_scratch_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_174 arg2);
-extern swig_type_175 _wrap_osft_flce_plan_t_scratch_bytes_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_budget_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_176 arg2);
-extern swig_type_177 _wrap_osft_flce_plan_t_budget_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_186 arg2);
+extern swig_type_187 _wrap_osft_flce_plan_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_tokens_set_capi_osftrt(uintptr_t arg1, swig_type_188 arg2);
+extern swig_type_189 _wrap_osft_flce_plan_t_tokens_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_chunk_rows_set_capi_osftrt(uintptr_t arg1, swig_type_190 arg2);
+extern swig_type_191 _wrap_osft_flce_plan_t_chunk_rows_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_chunks_set_capi_osftrt(uintptr_t arg1, swig_type_192 arg2);
+extern swig_type_193 _wrap_osft_flce_plan_t_chunks_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_scratch_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_194 arg2);
+extern swig_type_195 _wrap_osft_flce_plan_t_scratch_bytes_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_budget_bytes_set_capi_osftrt(uintptr_t arg1, swig_type_196 arg2);
+extern swig_type_197 _wrap_osft_flce_plan_t_budget_bytes_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_flce_plan_t_chunking_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_flce_plan_t_chunking_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_slices_set_capi_osftrt(uintptr_t arg1, swig_type_178 arg2);
-extern swig_type_179 _wrap_osft_flce_plan_t_slices_get_capi_osftrt(uintptr_t arg1);
-extern void _wrap_osft_flce_plan_t_slice_cols_set_capi_osftrt(uintptr_t arg1, swig_type_180 arg2);
-extern swig_type_181 _wrap_osft_flce_plan_t_slice_cols_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_slices_set_capi_osftrt(uintptr_t arg1, swig_type_198 arg2);
+extern swig_type_199 _wrap_osft_flce_plan_t_slices_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_flce_plan_t_slice_cols_set_capi_osftrt(uintptr_t arg1, swig_type_200 arg2);
+extern swig_type_201 _wrap_osft_flce_plan_t_slice_cols_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_flce_plan_t_capi_osftrt(void);
 extern void _wrap_delete_osft_flce_plan_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_flce_plan_init_capi_osftrt(uintptr_t arg1, swig_type_182 arg2);
+extern swig_intgo _wrap_osft_flce_plan_init_capi_osftrt(uintptr_t arg1, swig_type_202 arg2);
 extern swig_intgo _wrap_osft_flce_get_plan_capi_osftrt(uintptr_t arg1, uintptr_t arg2, uintptr_t arg3, uintptr_t arg4);
 extern swig_intgo _wrap_OSFT_QR_HOUSEHOLDER_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_QR_CHOLESKY_QR2_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_QR_CHOLESKY_TF32_capi_osftrt(void);
-extern void _wrap_osft_qr_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_183 arg2);
-extern swig_type_184 _wrap_osft_qr_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_qr_options_t_struct_size_set_capi_osftrt(uintptr_t arg1, swig_type_203 arg2);
+extern swig_type_204 _wrap_osft_qr_options_t_struct_size_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_qr_options_t_method_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_qr_options_t_method_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_qr_options_t_orthogonality_threshold_set_capi_osftrt(uintptr_t arg1, double arg2);
@@ -850,9 +906,9 @@ extern void _wrap_osft_qr_options_t_max_concurrency_set_capi_osftrt(uintptr_t ar
 extern swig_intgo _wrap_osft_qr_options_t_max_concurrency_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_qr_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_qr_options_t_capi_osftrt(uintptr_t arg1);
-extern swig_intgo _wrap_osft_qr_options_init_capi_osftrt(uintptr_t arg1, swig_type_185 arg2);
-extern swig_intgo _wrap_osft_qr_batch_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_type_186 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6, swig_voidp arg7);
-extern swig_intgo _wrap_osft_qr_power_iteration_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_type_187 arg3, uintptr_t arg4, uintptr_t arg5, swig_intgo arg6, swig_voidp arg7);
+extern swig_intgo _wrap_osft_qr_options_init_capi_osftrt(uintptr_t arg1, swig_type_205 arg2);
+extern swig_intgo _wrap_osft_qr_batch_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_type_206 arg3, uintptr_t arg4, uintptr_t arg5, uintptr_t arg6, swig_voidp arg7);
+extern swig_intgo _wrap_osft_qr_power_iteration_capi_osftrt(uintptr_t arg1, uintptr_t arg2, swig_type_207 arg3, uintptr_t arg4, uintptr_t arg5, swig_intgo arg6, swig_voidp arg7);
 #undef intgo
 */
 import "C"
@@ -1039,6 +1095,20 @@ func OSFT_PROJECTOR_INFO_INIT(arg1 Osft_projector_info_t) (_swig_ret Enum_SS_osf
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	swig_r = (Enum_SS_osft_status_e)(C._wrap_OSFT_PROJECTOR_INFO_INIT_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func OSFT_FLINEAR_INFO_INIT(arg1 Osft_flinear_info_t) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := getSwigcptr(arg1)
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_OSFT_FLINEAR_INFO_INIT_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func OSFT_MLP_PLAN_INIT(arg1 Osft_mlp_plan_t) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := getSwigcptr(arg1)
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_OSFT_MLP_PLAN_INIT_capi_osftrt(C.uintptr_t(_swig_i_0)))
 	return swig_r
 }
 
@@ -1698,7 +1768,7 @@ type DLManagedTensor interface {
 }
 
 const OSFT_VERSION_MAJOR int = 1
-const OSFT_VERSION_MINOR int = 2
+const OSFT_VERSION_MINOR int = 3
 const OSFT_VERSION_PATCH int = 0
 
 func _swig_getOSFT_VERSION_NUMBER() (_swig_ret int) {
@@ -3089,6 +3159,14 @@ func _swig_getOSFT_FLINEAR_DENSE() (_swig_ret Enum_SS_osft_flinear_strategy_e) {
 
 var OSFT_FLINEAR_DENSE Enum_SS_osft_flinear_strategy_e = _swig_getOSFT_FLINEAR_DENSE()
 
+func _swig_getOSFT_FLINEAR_HYBRID() (_swig_ret Enum_SS_osft_flinear_strategy_e) {
+	var swig_r Enum_SS_osft_flinear_strategy_e
+	swig_r = (Enum_SS_osft_flinear_strategy_e)(C._wrap_OSFT_FLINEAR_HYBRID_capi_osftrt())
+	return swig_r
+}
+
+var OSFT_FLINEAR_HYBRID Enum_SS_osft_flinear_strategy_e = _swig_getOSFT_FLINEAR_HYBRID()
+
 type Enum_SS_osft_flinear_factor_e int
 
 func _swig_getOSFT_FACTOR_U_HIGH() (_swig_ret Enum_SS_osft_flinear_factor_e) {
@@ -3157,6 +3235,24 @@ func _swig_getOSFT_FLINEAR_BACKWARD() (_swig_ret Enum_SS_osft_flinear_pass_e) {
 
 var OSFT_FLINEAR_BACKWARD Enum_SS_osft_flinear_pass_e = _swig_getOSFT_FLINEAR_BACKWARD()
 
+type Enum_SS_osft_flinear_updates_e int
+
+func _swig_getOSFT_FLINEAR_UPDATES_DETECTED() (_swig_ret Enum_SS_osft_flinear_updates_e) {
+	var swig_r Enum_SS_osft_flinear_updates_e
+	swig_r = (Enum_SS_osft_flinear_updates_e)(C._wrap_OSFT_FLINEAR_UPDATES_DETECTED_capi_osftrt())
+	return swig_r
+}
+
+var OSFT_FLINEAR_UPDATES_DETECTED Enum_SS_osft_flinear_updates_e = _swig_getOSFT_FLINEAR_UPDATES_DETECTED()
+
+func _swig_getOSFT_FLINEAR_UPDATES_REPORTED() (_swig_ret Enum_SS_osft_flinear_updates_e) {
+	var swig_r Enum_SS_osft_flinear_updates_e
+	swig_r = (Enum_SS_osft_flinear_updates_e)(C._wrap_OSFT_FLINEAR_UPDATES_REPORTED_capi_osftrt())
+	return swig_r
+}
+
+var OSFT_FLINEAR_UPDATES_REPORTED Enum_SS_osft_flinear_updates_e = _swig_getOSFT_FLINEAR_UPDATES_REPORTED()
+
 type SwigcptrOsft_flinear_options_t uintptr
 
 func (p SwigcptrOsft_flinear_options_t) Swigcptr() uintptr {
@@ -3218,6 +3314,19 @@ func (arg1 SwigcptrOsft_flinear_options_t) GetFactor_dtype() (_swig_ret DLDataTy
 	return swig_r
 }
 
+func (arg1 SwigcptrOsft_flinear_options_t) SetTrainable_updates(arg2 Enum_SS_osft_flinear_updates_e) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_flinear_options_t_trainable_updates_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_flinear_options_t) GetTrainable_updates() (_swig_ret Enum_SS_osft_flinear_updates_e) {
+	var swig_r Enum_SS_osft_flinear_updates_e
+	_swig_i_0 := arg1
+	swig_r = (Enum_SS_osft_flinear_updates_e)(C._wrap_osft_flinear_options_t_trainable_updates_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
 func NewOsft_flinear_options_t() (_swig_ret Osft_flinear_options_t) {
 	var swig_r Osft_flinear_options_t
 	swig_r = (Osft_flinear_options_t)(SwigcptrOsft_flinear_options_t(C._wrap_new_osft_flinear_options_t_capi_osftrt()))
@@ -3240,6 +3349,8 @@ type Osft_flinear_options_t interface {
 	GetStrategy() (_swig_ret Enum_SS_osft_flinear_strategy_e)
 	SetFactor_dtype(arg2 DLDataType)
 	GetFactor_dtype() (_swig_ret DLDataType)
+	SetTrainable_updates(arg2 Enum_SS_osft_flinear_updates_e)
+	GetTrainable_updates() (_swig_ret Enum_SS_osft_flinear_updates_e)
 }
 
 func Osft_flinear_options_init(arg1 Osft_flinear_options_t, arg2 int64) (_swig_ret Enum_SS_osft_status_e) {
@@ -3682,6 +3793,129 @@ func Osft_flinear_refresh(arg1 uintptr) (_swig_ret Enum_SS_osft_status_e) {
 	return swig_r
 }
 
+func Osft_flinear_mark_updated(arg1 uintptr) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := arg1
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_mark_updated_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+type SwigcptrOsft_flinear_info_t uintptr
+
+func (p SwigcptrOsft_flinear_info_t) Swigcptr() uintptr {
+	return (uintptr)(p)
+}
+
+func (p SwigcptrOsft_flinear_info_t) SwigIsOsft_flinear_info_t() {
+}
+
+func (arg1 SwigcptrOsft_flinear_info_t) SetStruct_size(arg2 int64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_flinear_info_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_93(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_flinear_info_t) GetStruct_size() (_swig_ret int64) {
+	var swig_r int64
+	_swig_i_0 := arg1
+	swig_r = (int64)(C._wrap_osft_flinear_info_t_struct_size_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_flinear_info_t) SetRebuilds(arg2 uint64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_flinear_info_t_rebuilds_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_95(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_flinear_info_t) GetRebuilds() (_swig_ret uint64) {
+	var swig_r uint64
+	_swig_i_0 := arg1
+	swig_r = (uint64)(C._wrap_osft_flinear_info_t_rebuilds_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_flinear_info_t) SetFrozen_builds(arg2 uint64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_flinear_info_t_frozen_builds_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_97(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_flinear_info_t) GetFrozen_builds() (_swig_ret uint64) {
+	var swig_r uint64
+	_swig_i_0 := arg1
+	swig_r = (uint64)(C._wrap_osft_flinear_info_t_frozen_builds_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_flinear_info_t) SetTrainable_version(arg2 uint64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_flinear_info_t_trainable_version_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_99(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_flinear_info_t) GetTrainable_version() (_swig_ret uint64) {
+	var swig_r uint64
+	_swig_i_0 := arg1
+	swig_r = (uint64)(C._wrap_osft_flinear_info_t_trainable_version_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_flinear_info_t) SetWeight_kept(arg2 int) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_flinear_info_t_weight_kept_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_flinear_info_t) GetWeight_kept() (_swig_ret int) {
+	var swig_r int
+	_swig_i_0 := arg1
+	swig_r = (int)(C._wrap_osft_flinear_info_t_weight_kept_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func NewOsft_flinear_info_t() (_swig_ret Osft_flinear_info_t) {
+	var swig_r Osft_flinear_info_t
+	swig_r = (Osft_flinear_info_t)(SwigcptrOsft_flinear_info_t(C._wrap_new_osft_flinear_info_t_capi_osftrt()))
+	return swig_r
+}
+
+func DeleteOsft_flinear_info_t(arg1 Osft_flinear_info_t) {
+	_swig_i_0 := getSwigcptr(arg1)
+	C._wrap_delete_osft_flinear_info_t_capi_osftrt(C.uintptr_t(_swig_i_0))
+}
+
+type Osft_flinear_info_t interface {
+	Swigcptr() uintptr
+	SwigIsOsft_flinear_info_t()
+	SetStruct_size(arg2 int64)
+	GetStruct_size() (_swig_ret int64)
+	SetRebuilds(arg2 uint64)
+	GetRebuilds() (_swig_ret uint64)
+	SetFrozen_builds(arg2 uint64)
+	GetFrozen_builds() (_swig_ret uint64)
+	SetTrainable_version(arg2 uint64)
+	GetTrainable_version() (_swig_ret uint64)
+	SetWeight_kept(arg2 int)
+	GetWeight_kept() (_swig_ret int)
+}
+
+func Osft_flinear_info_init(arg1 Osft_flinear_info_t, arg2 int64) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_info_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_101(_swig_i_1)))
+	return swig_r
+}
+
+func Osft_flinear_get_info(arg1 uintptr, arg2 Osft_flinear_info_t) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := arg1
+	_swig_i_1 := getSwigcptr(arg2)
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flinear_get_info_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1)))
+	return swig_r
+}
+
 type Enum_SS_osft_shard_layout_e int
 
 func _swig_getOSFT_SHARD_REPLICATED() (_swig_ret Enum_SS_osft_shard_layout_e) {
@@ -3762,7 +3996,7 @@ func (p SwigcptrOsft_projector_options_t) SwigIsOsft_projector_options_t() {
 func (arg1 SwigcptrOsft_projector_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_93(_swig_i_1))
+	C._wrap_osft_projector_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_102(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_options_t) GetStruct_size() (_swig_ret int64) {
@@ -3824,7 +4058,7 @@ func Osft_projector_options_init(arg1 Osft_projector_options_t, arg2 int64) (_sw
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projector_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_95(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projector_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_104(_swig_i_1)))
 	return swig_r
 }
 
@@ -3857,7 +4091,7 @@ func (p SwigcptrOsft_projection_target_t) SwigIsOsft_projection_target_t() {
 func (arg1 SwigcptrOsft_projection_target_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projection_target_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_96(_swig_i_1))
+	C._wrap_osft_projection_target_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_105(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projection_target_t) GetStruct_size() (_swig_ret int64) {
@@ -3935,7 +4169,7 @@ func (arg1 SwigcptrOsft_projection_target_t) GetU_shards() (_swig_ret *int64) {
 func (arg1 SwigcptrOsft_projection_target_t) SetN_u_shards(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projection_target_t_n_u_shards_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_98(_swig_i_1))
+	C._wrap_osft_projection_target_t_n_u_shards_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_107(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projection_target_t) GetN_u_shards() (_swig_ret int64) {
@@ -4013,7 +4247,7 @@ func (arg1 SwigcptrOsft_projection_target_t) GetV_shards() (_swig_ret *int64) {
 func (arg1 SwigcptrOsft_projection_target_t) SetN_v_shards(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projection_target_t_n_v_shards_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_100(_swig_i_1))
+	C._wrap_osft_projection_target_t_n_v_shards_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_109(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projection_target_t) GetN_v_shards() (_swig_ret int64) {
@@ -4069,7 +4303,7 @@ func Osft_projection_target_init(arg1 Osft_projection_target_t, arg2 int64) (_sw
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projection_target_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_102(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projection_target_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_111(_swig_i_1)))
 	return swig_r
 }
 
@@ -4099,7 +4333,7 @@ func Osft_projector_set_grads(arg1 uintptr, arg2 int64, arg3 DLTensor, arg4 DLTe
 	_swig_i_1 := arg2
 	_swig_i_2 := getSwigcptr(arg3)
 	_swig_i_3 := getSwigcptr(arg4)
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projector_set_grads_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_103(_swig_i_1), C.uintptr_t(_swig_i_2), C.uintptr_t(_swig_i_3)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projector_set_grads_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_112(_swig_i_1), C.uintptr_t(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -4152,7 +4386,7 @@ func (p SwigcptrOsft_projector_info_t) SwigIsOsft_projector_info_t() {
 func (arg1 SwigcptrOsft_projector_info_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_104(_swig_i_1))
+	C._wrap_osft_projector_info_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_113(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetStruct_size() (_swig_ret int64) {
@@ -4165,7 +4399,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetStruct_size() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_projector_info_t) SetTargets(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_targets_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_106(_swig_i_1))
+	C._wrap_osft_projector_info_t_targets_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_115(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetTargets() (_swig_ret int64) {
@@ -4178,7 +4412,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetTargets() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_projector_info_t) SetReduced_elements(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_reduced_elements_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_108(_swig_i_1))
+	C._wrap_osft_projector_info_t_reduced_elements_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_117(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetReduced_elements() (_swig_ret int64) {
@@ -4191,7 +4425,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetReduced_elements() (_swig_ret int64
 func (arg1 SwigcptrOsft_projector_info_t) SetCollectives_per_project(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_collectives_per_project_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_110(_swig_i_1))
+	C._wrap_osft_projector_info_t_collectives_per_project_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_119(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetCollectives_per_project() (_swig_ret int64) {
@@ -4204,7 +4438,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetCollectives_per_project() (_swig_re
 func (arg1 SwigcptrOsft_projector_info_t) SetCoefficient_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_coefficient_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_112(_swig_i_1))
+	C._wrap_osft_projector_info_t_coefficient_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_121(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetCoefficient_bytes() (_swig_ret uint64) {
@@ -4217,7 +4451,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetCoefficient_bytes() (_swig_ret uint
 func (arg1 SwigcptrOsft_projector_info_t) SetGathered_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_gathered_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_114(_swig_i_1))
+	C._wrap_osft_projector_info_t_gathered_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_123(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetGathered_bytes() (_swig_ret uint64) {
@@ -4243,7 +4477,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetSetup_pending() (_swig_ret int) {
 func (arg1 SwigcptrOsft_projector_info_t) SetLast_gemms(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_last_gemms_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_116(_swig_i_1))
+	C._wrap_osft_projector_info_t_last_gemms_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_125(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetLast_gemms() (_swig_ret int64) {
@@ -4256,7 +4490,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetLast_gemms() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_projector_info_t) SetLast_gemm_calls(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_last_gemm_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_118(_swig_i_1))
+	C._wrap_osft_projector_info_t_last_gemm_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_127(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetLast_gemm_calls() (_swig_ret int64) {
@@ -4269,7 +4503,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetLast_gemm_calls() (_swig_ret int64)
 func (arg1 SwigcptrOsft_projector_info_t) SetLast_elementwise_calls(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_last_elementwise_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_120(_swig_i_1))
+	C._wrap_osft_projector_info_t_last_elementwise_calls_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_129(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetLast_elementwise_calls() (_swig_ret int64) {
@@ -4282,7 +4516,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetLast_elementwise_calls() (_swig_ret
 func (arg1 SwigcptrOsft_projector_info_t) SetLast_collectives(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_last_collectives_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_122(_swig_i_1))
+	C._wrap_osft_projector_info_t_last_collectives_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_131(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetLast_collectives() (_swig_ret int64) {
@@ -4295,7 +4529,7 @@ func (arg1 SwigcptrOsft_projector_info_t) GetLast_collectives() (_swig_ret int64
 func (arg1 SwigcptrOsft_projector_info_t) SetLast_host_waits(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_projector_info_t_last_host_waits_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_124(_swig_i_1))
+	C._wrap_osft_projector_info_t_last_host_waits_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_133(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_projector_info_t) GetLast_host_waits() (_swig_ret int64) {
@@ -4349,7 +4583,7 @@ func Osft_projector_info_init(arg1 Osft_projector_info_t, arg2 int64) (_swig_ret
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projector_info_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_126(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_projector_info_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_135(_swig_i_1)))
 	return swig_r
 }
 
@@ -4457,7 +4691,7 @@ func (p SwigcptrOsft_mlp_weights_t) SwigIsOsft_mlp_weights_t() {
 func (arg1 SwigcptrOsft_mlp_weights_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_weights_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_127(_swig_i_1))
+	C._wrap_osft_mlp_weights_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_136(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_weights_t) GetStruct_size() (_swig_ret int64) {
@@ -4624,7 +4858,7 @@ func Osft_mlp_weights_init(arg1 Osft_mlp_weights_t, arg2 int64) (_swig_ret Enum_
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_weights_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_129(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_weights_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_138(_swig_i_1)))
 	return swig_r
 }
 
@@ -4640,7 +4874,7 @@ func (p SwigcptrOsft_mlp_options_t) SwigIsOsft_mlp_options_t() {
 func (arg1 SwigcptrOsft_mlp_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_130(_swig_i_1))
+	C._wrap_osft_mlp_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_139(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_options_t) GetStruct_size() (_swig_ret int64) {
@@ -4666,7 +4900,7 @@ func (arg1 SwigcptrOsft_mlp_options_t) GetTiling() (_swig_ret Enum_SS_osft_mlp_t
 func (arg1 SwigcptrOsft_mlp_options_t) SetTile_tokens(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_options_t_tile_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_132(_swig_i_1))
+	C._wrap_osft_mlp_options_t_tile_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_141(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_options_t) GetTile_tokens() (_swig_ret int64) {
@@ -4679,7 +4913,7 @@ func (arg1 SwigcptrOsft_mlp_options_t) GetTile_tokens() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_mlp_options_t) SetMemory_budget(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_options_t_memory_budget_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_134(_swig_i_1))
+	C._wrap_osft_mlp_options_t_memory_budget_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_143(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_options_t) GetMemory_budget() (_swig_ret int64) {
@@ -4732,7 +4966,7 @@ func Osft_mlp_options_init(arg1 Osft_mlp_options_t, arg2 int64) (_swig_ret Enum_
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_136(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_145(_swig_i_1)))
 	return swig_r
 }
 
@@ -4745,7 +4979,7 @@ func Osft_mlp_create(arg1 uintptr, arg2 Enum_SS_osft_mlp_variant_e, arg3 int64, 
 	_swig_i_4 := getSwigcptr(arg5)
 	_swig_i_5 := getSwigcptr(arg6)
 	_swig_i_6 := arg7
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_create_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), C.swig_type_137(_swig_i_2), C.swig_type_138(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.swig_voidp(_swig_i_6)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_create_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1), C.swig_type_146(_swig_i_2), C.swig_type_147(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.swig_voidp(_swig_i_6)))
 	return swig_r
 }
 
@@ -4762,7 +4996,125 @@ func Osft_mlp_get_tile_count(arg1 uintptr, arg2 int64, arg3 *int64, arg4 *int64)
 	_swig_i_1 := arg2
 	_swig_i_2 := arg3
 	_swig_i_3 := arg4
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_get_tile_count_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_139(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_get_tile_count_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_148(_swig_i_1), C.swig_voidp(_swig_i_2), C.swig_voidp(_swig_i_3)))
+	return swig_r
+}
+
+type SwigcptrOsft_mlp_plan_t uintptr
+
+func (p SwigcptrOsft_mlp_plan_t) Swigcptr() uintptr {
+	return (uintptr)(p)
+}
+
+func (p SwigcptrOsft_mlp_plan_t) SwigIsOsft_mlp_plan_t() {
+}
+
+func (arg1 SwigcptrOsft_mlp_plan_t) SetStruct_size(arg2 int64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_mlp_plan_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_149(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_mlp_plan_t) GetStruct_size() (_swig_ret int64) {
+	var swig_r int64
+	_swig_i_0 := arg1
+	swig_r = (int64)(C._wrap_osft_mlp_plan_t_struct_size_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_mlp_plan_t) SetNum_tiles(arg2 int64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_mlp_plan_t_num_tiles_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_151(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_mlp_plan_t) GetNum_tiles() (_swig_ret int64) {
+	var swig_r int64
+	_swig_i_0 := arg1
+	swig_r = (int64)(C._wrap_osft_mlp_plan_t_num_tiles_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_mlp_plan_t) SetTile_tokens(arg2 int64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_mlp_plan_t_tile_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_153(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_mlp_plan_t) GetTile_tokens() (_swig_ret int64) {
+	var swig_r int64
+	_swig_i_0 := arg1
+	swig_r = (int64)(C._wrap_osft_mlp_plan_t_tile_tokens_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_mlp_plan_t) SetRecompute(arg2 int) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_mlp_plan_t_recompute_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_intgo(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_mlp_plan_t) GetRecompute() (_swig_ret int) {
+	var swig_r int
+	_swig_i_0 := arg1
+	swig_r = (int)(C._wrap_osft_mlp_plan_t_recompute_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func (arg1 SwigcptrOsft_mlp_plan_t) SetKept_bytes(arg2 int64) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_mlp_plan_t_kept_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_155(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_mlp_plan_t) GetKept_bytes() (_swig_ret int64) {
+	var swig_r int64
+	_swig_i_0 := arg1
+	swig_r = (int64)(C._wrap_osft_mlp_plan_t_kept_bytes_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func NewOsft_mlp_plan_t() (_swig_ret Osft_mlp_plan_t) {
+	var swig_r Osft_mlp_plan_t
+	swig_r = (Osft_mlp_plan_t)(SwigcptrOsft_mlp_plan_t(C._wrap_new_osft_mlp_plan_t_capi_osftrt()))
+	return swig_r
+}
+
+func DeleteOsft_mlp_plan_t(arg1 Osft_mlp_plan_t) {
+	_swig_i_0 := getSwigcptr(arg1)
+	C._wrap_delete_osft_mlp_plan_t_capi_osftrt(C.uintptr_t(_swig_i_0))
+}
+
+type Osft_mlp_plan_t interface {
+	Swigcptr() uintptr
+	SwigIsOsft_mlp_plan_t()
+	SetStruct_size(arg2 int64)
+	GetStruct_size() (_swig_ret int64)
+	SetNum_tiles(arg2 int64)
+	GetNum_tiles() (_swig_ret int64)
+	SetTile_tokens(arg2 int64)
+	GetTile_tokens() (_swig_ret int64)
+	SetRecompute(arg2 int)
+	GetRecompute() (_swig_ret int)
+	SetKept_bytes(arg2 int64)
+	GetKept_bytes() (_swig_ret int64)
+}
+
+func Osft_mlp_plan_init(arg1 Osft_mlp_plan_t, arg2 int64) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := getSwigcptr(arg1)
+	_swig_i_1 := arg2
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_plan_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_157(_swig_i_1)))
+	return swig_r
+}
+
+func Osft_mlp_get_plan(arg1 uintptr, arg2 int64, arg3 int64, arg4 Osft_mlp_plan_t) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	_swig_i_2 := arg3
+	_swig_i_3 := getSwigcptr(arg4)
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_get_plan_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_158(_swig_i_1), C.swig_type_159(_swig_i_2), C.uintptr_t(_swig_i_3)))
 	return swig_r
 }
 
@@ -4772,7 +5124,7 @@ func Osft_mlp_forward(arg1 uintptr, arg2 DLTensor, arg3 DLTensor, arg4 int64) (_
 	_swig_i_1 := getSwigcptr(arg2)
 	_swig_i_2 := getSwigcptr(arg3)
 	_swig_i_3 := arg4
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_forward_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_type_140(_swig_i_3)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_forward_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.swig_type_160(_swig_i_3)))
 	return swig_r
 }
 
@@ -4788,7 +5140,7 @@ func (p SwigcptrOsft_mlp_grads_t) SwigIsOsft_mlp_grads_t() {
 func (arg1 SwigcptrOsft_mlp_grads_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_mlp_grads_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_141(_swig_i_1))
+	C._wrap_osft_mlp_grads_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_161(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_mlp_grads_t) GetStruct_size() (_swig_ret int64) {
@@ -5049,7 +5401,7 @@ func Osft_mlp_grads_init(arg1 Osft_mlp_grads_t, arg2 int64) (_swig_ret Enum_SS_o
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_grads_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_143(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_grads_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_163(_swig_i_1)))
 	return swig_r
 }
 
@@ -5060,7 +5412,7 @@ func Osft_mlp_backward(arg1 uintptr, arg2 DLTensor, arg3 DLTensor, arg4 Osft_mlp
 	_swig_i_2 := getSwigcptr(arg3)
 	_swig_i_3 := getSwigcptr(arg4)
 	_swig_i_4 := arg5
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_backward_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.uintptr_t(_swig_i_3), C.swig_type_144(_swig_i_4)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_mlp_backward_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.uintptr_t(_swig_i_2), C.uintptr_t(_swig_i_3), C.swig_type_164(_swig_i_4)))
 	return swig_r
 }
 
@@ -5146,7 +5498,7 @@ func (p SwigcptrOsft_flce_options_t) SwigIsOsft_flce_options_t() {
 func (arg1 SwigcptrOsft_flce_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_145(_swig_i_1))
+	C._wrap_osft_flce_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_165(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetStruct_size() (_swig_ret int64) {
@@ -5159,7 +5511,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetStruct_size() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_options_t) SetIgnore_index(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_ignore_index_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_147(_swig_i_1))
+	C._wrap_osft_flce_options_t_ignore_index_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_167(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetIgnore_index() (_swig_ret int64) {
@@ -5237,7 +5589,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetAccumulator() (_swig_ret Enum_SS_osft
 func (arg1 SwigcptrOsft_flce_options_t) SetMemory_budget(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_memory_budget_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_149(_swig_i_1))
+	C._wrap_osft_flce_options_t_memory_budget_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_169(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetMemory_budget() (_swig_ret int64) {
@@ -5250,7 +5602,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetMemory_budget() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_options_t) SetChunk_rows(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_chunk_rows_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_151(_swig_i_1))
+	C._wrap_osft_flce_options_t_chunk_rows_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_171(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetChunk_rows() (_swig_ret int64) {
@@ -5276,7 +5628,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetComm() (_swig_ret uintptr) {
 func (arg1 SwigcptrOsft_flce_options_t) SetVocab_offset(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_vocab_offset_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_153(_swig_i_1))
+	C._wrap_osft_flce_options_t_vocab_offset_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_173(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetVocab_offset() (_swig_ret int64) {
@@ -5289,7 +5641,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetVocab_offset() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_options_t) SetVocab_size_global(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_vocab_size_global_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_155(_swig_i_1))
+	C._wrap_osft_flce_options_t_vocab_size_global_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_175(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetVocab_size_global() (_swig_ret int64) {
@@ -5328,7 +5680,7 @@ func (arg1 SwigcptrOsft_flce_options_t) GetChunking() (_swig_ret Enum_SS_osft_fl
 func (arg1 SwigcptrOsft_flce_options_t) SetSlice_cols(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_options_t_slice_cols_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_157(_swig_i_1))
+	C._wrap_osft_flce_options_t_slice_cols_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_177(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_options_t) GetSlice_cols() (_swig_ret int64) {
@@ -5388,7 +5740,7 @@ func Osft_flce_options_init(arg1 Osft_flce_options_t, arg2 int64) (_swig_ret Enu
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_159(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_179(_swig_i_1)))
 	return swig_r
 }
 
@@ -5428,7 +5780,7 @@ func (p SwigcptrOsft_flce_inputs_t) SwigIsOsft_flce_inputs_t() {
 func (arg1 SwigcptrOsft_flce_inputs_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_inputs_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_160(_swig_i_1))
+	C._wrap_osft_flce_inputs_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_180(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_inputs_t) GetStruct_size() (_swig_ret int64) {
@@ -5550,7 +5902,7 @@ func Osft_flce_inputs_init(arg1 Osft_flce_inputs_t, arg2 int64) (_swig_ret Enum_
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_inputs_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_162(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_inputs_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_182(_swig_i_1)))
 	return swig_r
 }
 
@@ -5566,7 +5918,7 @@ func (p SwigcptrOsft_flce_outputs_t) SwigIsOsft_flce_outputs_t() {
 func (arg1 SwigcptrOsft_flce_outputs_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_outputs_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_163(_swig_i_1))
+	C._wrap_osft_flce_outputs_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_183(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_outputs_t) GetStruct_size() (_swig_ret int64) {
@@ -5765,7 +6117,7 @@ func Osft_flce_outputs_init(arg1 Osft_flce_outputs_t, arg2 int64) (_swig_ret Enu
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_outputs_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_165(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_outputs_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_185(_swig_i_1)))
 	return swig_r
 }
 
@@ -5797,7 +6149,7 @@ func (p SwigcptrOsft_flce_plan_t) SwigIsOsft_flce_plan_t() {
 func (arg1 SwigcptrOsft_flce_plan_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_166(_swig_i_1))
+	C._wrap_osft_flce_plan_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_186(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetStruct_size() (_swig_ret int64) {
@@ -5810,7 +6162,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetStruct_size() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetTokens(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_168(_swig_i_1))
+	C._wrap_osft_flce_plan_t_tokens_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_188(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetTokens() (_swig_ret int64) {
@@ -5823,7 +6175,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetTokens() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetChunk_rows(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_chunk_rows_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_170(_swig_i_1))
+	C._wrap_osft_flce_plan_t_chunk_rows_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_190(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetChunk_rows() (_swig_ret int64) {
@@ -5836,7 +6188,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetChunk_rows() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetChunks(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_chunks_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_172(_swig_i_1))
+	C._wrap_osft_flce_plan_t_chunks_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_192(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetChunks() (_swig_ret int64) {
@@ -5849,7 +6201,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetChunks() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetScratch_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_scratch_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_174(_swig_i_1))
+	C._wrap_osft_flce_plan_t_scratch_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_194(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetScratch_bytes() (_swig_ret uint64) {
@@ -5862,7 +6214,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetScratch_bytes() (_swig_ret uint64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetBudget_bytes(arg2 uint64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_budget_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_176(_swig_i_1))
+	C._wrap_osft_flce_plan_t_budget_bytes_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_196(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetBudget_bytes() (_swig_ret uint64) {
@@ -5888,7 +6240,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetChunking() (_swig_ret Enum_SS_osft_flce_
 func (arg1 SwigcptrOsft_flce_plan_t) SetSlices(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_slices_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_178(_swig_i_1))
+	C._wrap_osft_flce_plan_t_slices_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_198(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetSlices() (_swig_ret int64) {
@@ -5901,7 +6253,7 @@ func (arg1 SwigcptrOsft_flce_plan_t) GetSlices() (_swig_ret int64) {
 func (arg1 SwigcptrOsft_flce_plan_t) SetSlice_cols(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_flce_plan_t_slice_cols_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_180(_swig_i_1))
+	C._wrap_osft_flce_plan_t_slice_cols_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_200(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_flce_plan_t) GetSlice_cols() (_swig_ret int64) {
@@ -5949,7 +6301,7 @@ func Osft_flce_plan_init(arg1 Osft_flce_plan_t, arg2 int64) (_swig_ret Enum_SS_o
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_plan_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_182(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_flce_plan_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_202(_swig_i_1)))
 	return swig_r
 }
 
@@ -6001,7 +6353,7 @@ func (p SwigcptrOsft_qr_options_t) SwigIsOsft_qr_options_t() {
 func (arg1 SwigcptrOsft_qr_options_t) SetStruct_size(arg2 int64) {
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
-	C._wrap_osft_qr_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_183(_swig_i_1))
+	C._wrap_osft_qr_options_t_struct_size_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_203(_swig_i_1))
 }
 
 func (arg1 SwigcptrOsft_qr_options_t) GetStruct_size() (_swig_ret int64) {
@@ -6093,7 +6445,7 @@ func Osft_qr_options_init(arg1 Osft_qr_options_t, arg2 int64) (_swig_ret Enum_SS
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := getSwigcptr(arg1)
 	_swig_i_1 := arg2
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_185(_swig_i_1)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_options_init_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_type_205(_swig_i_1)))
 	return swig_r
 }
 
@@ -6106,7 +6458,7 @@ func Osft_qr_batch(arg1 uintptr, arg2 Osft_qr_options_t, arg3 int64, arg4 uintpt
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_batch_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_186(_swig_i_2), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.swig_voidp(_swig_i_6)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_batch_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_206(_swig_i_2), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.uintptr_t(_swig_i_5), C.swig_voidp(_swig_i_6)))
 	return swig_r
 }
 
@@ -6119,6 +6471,6 @@ func Osft_qr_power_iteration(arg1 uintptr, arg2 Osft_qr_options_t, arg3 int64, a
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_power_iteration_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_187(_swig_i_2), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.swig_intgo(_swig_i_5), C.swig_voidp(_swig_i_6)))
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_qr_power_iteration_capi_osftrt(C.uintptr_t(_swig_i_0), C.uintptr_t(_swig_i_1), C.swig_type_207(_swig_i_2), C.uintptr_t(_swig_i_3), C.uintptr_t(_swig_i_4), C.swig_intgo(_swig_i_5), C.swig_voidp(_swig_i_6)))
 	return swig_r
 }

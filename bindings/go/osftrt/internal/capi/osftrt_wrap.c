@@ -258,6 +258,12 @@ static osft_status_t osftrt_swig_osft_flce_plan_init(osft_flce_plan_t *p) { retu
 static osft_status_t osftrt_swig_osft_projector_info_init(osft_projector_info_t *p) { return OSFT_PROJECTOR_INFO_INIT(p); }
 
 
+static osft_status_t osftrt_swig_osft_flinear_info_init(osft_flinear_info_t *p) { return OSFT_FLINEAR_INFO_INIT(p); }
+
+
+static osft_status_t osftrt_swig_osft_mlp_plan_init(osft_mlp_plan_t *p) { return OSFT_MLP_PLAN_INIT(p); }
+
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -703,6 +709,12 @@ SWIGINTERN struct osft_flinear_grads_s *new_osft_flinear_grads_s(void){
     return p;
   }
 SWIGINTERN void delete_osft_flinear_grads_s(struct osft_flinear_grads_s *self){ free(self); }
+SWIGINTERN struct osft_flinear_info_s *new_osft_flinear_info_s(void){
+    osft_flinear_info_t *p = (osft_flinear_info_t *)calloc(1, sizeof(osft_flinear_info_t));
+    if (p) osft_flinear_info_init(p, sizeof(osft_flinear_info_t));
+    return p;
+  }
+SWIGINTERN void delete_osft_flinear_info_s(struct osft_flinear_info_s *self){ free(self); }
 SWIGINTERN struct osft_projector_options_s *new_osft_projector_options_s(void){
     osft_projector_options_t *p = (osft_projector_options_t *)calloc(1, sizeof(osft_projector_options_t));
     if (p) osft_projector_options_init(p, sizeof(osft_projector_options_t));
@@ -733,6 +745,12 @@ SWIGINTERN struct osft_mlp_options_s *new_osft_mlp_options_s(void){
     return p;
   }
 SWIGINTERN void delete_osft_mlp_options_s(struct osft_mlp_options_s *self){ free(self); }
+SWIGINTERN struct osft_mlp_plan_s *new_osft_mlp_plan_s(void){
+    osft_mlp_plan_t *p = (osft_mlp_plan_t *)calloc(1, sizeof(osft_mlp_plan_t));
+    if (p) osft_mlp_plan_init(p, sizeof(osft_mlp_plan_t));
+    return p;
+  }
+SWIGINTERN void delete_osft_mlp_plan_s(struct osft_mlp_plan_s *self){ free(self); }
 SWIGINTERN struct osft_mlp_grads_s *new_osft_mlp_grads_s(void){
     osft_mlp_grads_t *p = (osft_mlp_grads_t *)calloc(1, sizeof(osft_mlp_grads_t));
     if (p) osft_mlp_grads_init(p, sizeof(osft_mlp_grads_t));
@@ -1051,6 +1069,32 @@ intgo _wrap_OSFT_PROJECTOR_INFO_INIT_capi_osftrt(struct osft_projector_info_s *_
   arg1 = *(osft_projector_info_t **)&_swig_go_0; 
   
   result = (osft_status_t)osftrt_swig_osft_projector_info_init(arg1);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_OSFT_FLINEAR_INFO_INIT_capi_osftrt(struct osft_flinear_info_s *_swig_go_0) {
+  osft_flinear_info_t *arg1 = (osft_flinear_info_t *) 0 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(osft_flinear_info_t **)&_swig_go_0; 
+  
+  result = (osft_status_t)osftrt_swig_osft_flinear_info_init(arg1);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_OSFT_MLP_PLAN_INIT_capi_osftrt(struct osft_mlp_plan_s *_swig_go_0) {
+  osft_mlp_plan_t *arg1 = (osft_mlp_plan_t *) 0 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(osft_mlp_plan_t **)&_swig_go_0; 
+  
+  result = (osft_status_t)osftrt_swig_osft_mlp_plan_init(arg1);
   _swig_go_result = (intgo)result; 
   return _swig_go_result;
 }
@@ -2032,7 +2076,7 @@ intgo _wrap_OSFT_VERSION_NUMBER_capi_osftrt() {
   intgo _swig_go_result;
   
   
-  result = (int)((1*10000+2*100+0));
+  result = (int)((1*10000+3*100+0));
   _swig_go_result = result; 
   return _swig_go_result;
 }
@@ -4168,6 +4212,18 @@ intgo _wrap_OSFT_FLINEAR_DENSE_capi_osftrt() {
 }
 
 
+intgo _wrap_OSFT_FLINEAR_HYBRID_capi_osftrt() {
+  enum osft_flinear_strategy_e result;
+  intgo _swig_go_result;
+  
+  
+  result = OSFT_FLINEAR_HYBRID;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
 intgo _wrap_OSFT_FACTOR_U_HIGH_capi_osftrt() {
   enum osft_flinear_factor_e result;
   intgo _swig_go_result;
@@ -4258,6 +4314,30 @@ intgo _wrap_OSFT_FLINEAR_BACKWARD_capi_osftrt() {
   
   
   result = OSFT_FLINEAR_BACKWARD;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_OSFT_FLINEAR_UPDATES_DETECTED_capi_osftrt() {
+  enum osft_flinear_updates_e result;
+  intgo _swig_go_result;
+  
+  
+  result = OSFT_FLINEAR_UPDATES_DETECTED;
+  
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_OSFT_FLINEAR_UPDATES_REPORTED_capi_osftrt() {
+  enum osft_flinear_updates_e result;
+  intgo _swig_go_result;
+  
+  
+  result = OSFT_FLINEAR_UPDATES_REPORTED;
   
   _swig_go_result = (intgo)result; 
   return _swig_go_result;
@@ -4360,6 +4440,31 @@ DLDataType *_wrap_osft_flinear_options_t_factor_dtype_get_capi_osftrt(struct osf
   
   result = (DLDataType *)& ((arg1)->factor_dtype);
   *(DLDataType **)&_swig_go_result = (DLDataType *)result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_flinear_options_t_trainable_updates_set_capi_osftrt(struct osft_flinear_options_s *_swig_go_0, intgo _swig_go_1) {
+  struct osft_flinear_options_s *arg1 = (struct osft_flinear_options_s *) 0 ;
+  osft_flinear_updates_t arg2 ;
+  
+  arg1 = *(struct osft_flinear_options_s **)&_swig_go_0; 
+  arg2 = (osft_flinear_updates_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->trainable_updates = arg2;
+  
+}
+
+
+intgo _wrap_osft_flinear_options_t_trainable_updates_get_capi_osftrt(struct osft_flinear_options_s *_swig_go_0) {
+  struct osft_flinear_options_s *arg1 = (struct osft_flinear_options_s *) 0 ;
+  osft_flinear_updates_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(struct osft_flinear_options_s **)&_swig_go_0; 
+  
+  result = (osft_flinear_updates_t) ((arg1)->trainable_updates);
+  _swig_go_result = (intgo)result; 
   return _swig_go_result;
 }
 
@@ -5087,6 +5192,195 @@ intgo _wrap_osft_flinear_refresh_capi_osftrt(osft_flinear_t _swig_go_0) {
   arg1 = (osft_flinear_t)_swig_go_0; 
   
   result = (osft_status_t)osft_flinear_refresh(arg1);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_osft_flinear_mark_updated_capi_osftrt(osft_flinear_t _swig_go_0) {
+  osft_flinear_t arg1 = (osft_flinear_t) 0 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = (osft_flinear_t)_swig_go_0; 
+  
+  result = (osft_status_t)osft_flinear_mark_updated(arg1);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_flinear_info_t_struct_size_set_capi_osftrt(struct osft_flinear_info_s *_swig_go_0, long long _swig_go_1) {
+  struct osft_flinear_info_s *arg1 = (struct osft_flinear_info_s *) 0 ;
+  size_t arg2 ;
+  
+  arg1 = *(struct osft_flinear_info_s **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->struct_size = arg2;
+  
+}
+
+
+long long _wrap_osft_flinear_info_t_struct_size_get_capi_osftrt(struct osft_flinear_info_s *_swig_go_0) {
+  struct osft_flinear_info_s *arg1 = (struct osft_flinear_info_s *) 0 ;
+  size_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct osft_flinear_info_s **)&_swig_go_0; 
+  
+  result =  ((arg1)->struct_size);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_flinear_info_t_rebuilds_set_capi_osftrt(struct osft_flinear_info_s *_swig_go_0, long long _swig_go_1) {
+  struct osft_flinear_info_s *arg1 = (struct osft_flinear_info_s *) 0 ;
+  uint64_t arg2 ;
+  
+  arg1 = *(struct osft_flinear_info_s **)&_swig_go_0; 
+  arg2 = (uint64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->rebuilds = arg2;
+  
+}
+
+
+long long _wrap_osft_flinear_info_t_rebuilds_get_capi_osftrt(struct osft_flinear_info_s *_swig_go_0) {
+  struct osft_flinear_info_s *arg1 = (struct osft_flinear_info_s *) 0 ;
+  uint64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct osft_flinear_info_s **)&_swig_go_0; 
+  
+  result = (uint64_t) ((arg1)->rebuilds);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_flinear_info_t_frozen_builds_set_capi_osftrt(struct osft_flinear_info_s *_swig_go_0, long long _swig_go_1) {
+  struct osft_flinear_info_s *arg1 = (struct osft_flinear_info_s *) 0 ;
+  uint64_t arg2 ;
+  
+  arg1 = *(struct osft_flinear_info_s **)&_swig_go_0; 
+  arg2 = (uint64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->frozen_builds = arg2;
+  
+}
+
+
+long long _wrap_osft_flinear_info_t_frozen_builds_get_capi_osftrt(struct osft_flinear_info_s *_swig_go_0) {
+  struct osft_flinear_info_s *arg1 = (struct osft_flinear_info_s *) 0 ;
+  uint64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct osft_flinear_info_s **)&_swig_go_0; 
+  
+  result = (uint64_t) ((arg1)->frozen_builds);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_flinear_info_t_trainable_version_set_capi_osftrt(struct osft_flinear_info_s *_swig_go_0, long long _swig_go_1) {
+  struct osft_flinear_info_s *arg1 = (struct osft_flinear_info_s *) 0 ;
+  uint64_t arg2 ;
+  
+  arg1 = *(struct osft_flinear_info_s **)&_swig_go_0; 
+  arg2 = (uint64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->trainable_version = arg2;
+  
+}
+
+
+long long _wrap_osft_flinear_info_t_trainable_version_get_capi_osftrt(struct osft_flinear_info_s *_swig_go_0) {
+  struct osft_flinear_info_s *arg1 = (struct osft_flinear_info_s *) 0 ;
+  uint64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct osft_flinear_info_s **)&_swig_go_0; 
+  
+  result = (uint64_t) ((arg1)->trainable_version);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_flinear_info_t_weight_kept_set_capi_osftrt(struct osft_flinear_info_s *_swig_go_0, intgo _swig_go_1) {
+  struct osft_flinear_info_s *arg1 = (struct osft_flinear_info_s *) 0 ;
+  int arg2 ;
+  
+  arg1 = *(struct osft_flinear_info_s **)&_swig_go_0; 
+  arg2 = (int)_swig_go_1; 
+  
+  if (arg1) (arg1)->weight_kept = arg2;
+  
+}
+
+
+intgo _wrap_osft_flinear_info_t_weight_kept_get_capi_osftrt(struct osft_flinear_info_s *_swig_go_0) {
+  struct osft_flinear_info_s *arg1 = (struct osft_flinear_info_s *) 0 ;
+  int result;
+  intgo _swig_go_result;
+  
+  arg1 = *(struct osft_flinear_info_s **)&_swig_go_0; 
+  
+  result = (int) ((arg1)->weight_kept);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+struct osft_flinear_info_s *_wrap_new_osft_flinear_info_t_capi_osftrt() {
+  struct osft_flinear_info_s *result = 0 ;
+  struct osft_flinear_info_s *_swig_go_result;
+  
+  
+  result = (struct osft_flinear_info_s *)new_osft_flinear_info_s();
+  *(struct osft_flinear_info_s **)&_swig_go_result = (struct osft_flinear_info_s *)result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_delete_osft_flinear_info_t_capi_osftrt(struct osft_flinear_info_s *_swig_go_0) {
+  struct osft_flinear_info_s *arg1 = (struct osft_flinear_info_s *) 0 ;
+  
+  arg1 = *(struct osft_flinear_info_s **)&_swig_go_0; 
+  
+  delete_osft_flinear_info_s(arg1);
+  
+}
+
+
+intgo _wrap_osft_flinear_info_init_capi_osftrt(struct osft_flinear_info_s *_swig_go_0, long long _swig_go_1) {
+  osft_flinear_info_t *arg1 = (osft_flinear_info_t *) 0 ;
+  size_t arg2 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(osft_flinear_info_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  result = (osft_status_t)osft_flinear_info_init(arg1,arg2);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_osft_flinear_get_info_capi_osftrt(osft_flinear_t _swig_go_0, struct osft_flinear_info_s *_swig_go_1) {
+  osft_flinear_t arg1 = (osft_flinear_t) 0 ;
+  osft_flinear_info_t *arg2 = (osft_flinear_info_t *) 0 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = (osft_flinear_t)_swig_go_0; 
+  arg2 = *(osft_flinear_info_t **)&_swig_go_1; 
+  
+  result = (osft_status_t)osft_flinear_get_info(arg1,arg2);
   _swig_go_result = (intgo)result; 
   return _swig_go_result;
 }
@@ -6788,6 +7082,186 @@ intgo _wrap_osft_mlp_get_tile_count_capi_osftrt(osft_mlp_t _swig_go_0, long long
   arg4 = *(int64_t **)&_swig_go_3; 
   
   result = (osft_status_t)osft_mlp_get_tile_count(arg1,arg2,arg3,arg4);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_mlp_plan_t_struct_size_set_capi_osftrt(struct osft_mlp_plan_s *_swig_go_0, long long _swig_go_1) {
+  struct osft_mlp_plan_s *arg1 = (struct osft_mlp_plan_s *) 0 ;
+  size_t arg2 ;
+  
+  arg1 = *(struct osft_mlp_plan_s **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->struct_size = arg2;
+  
+}
+
+
+long long _wrap_osft_mlp_plan_t_struct_size_get_capi_osftrt(struct osft_mlp_plan_s *_swig_go_0) {
+  struct osft_mlp_plan_s *arg1 = (struct osft_mlp_plan_s *) 0 ;
+  size_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct osft_mlp_plan_s **)&_swig_go_0; 
+  
+  result =  ((arg1)->struct_size);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_mlp_plan_t_num_tiles_set_capi_osftrt(struct osft_mlp_plan_s *_swig_go_0, long long _swig_go_1) {
+  struct osft_mlp_plan_s *arg1 = (struct osft_mlp_plan_s *) 0 ;
+  int64_t arg2 ;
+  
+  arg1 = *(struct osft_mlp_plan_s **)&_swig_go_0; 
+  arg2 = (int64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->num_tiles = arg2;
+  
+}
+
+
+long long _wrap_osft_mlp_plan_t_num_tiles_get_capi_osftrt(struct osft_mlp_plan_s *_swig_go_0) {
+  struct osft_mlp_plan_s *arg1 = (struct osft_mlp_plan_s *) 0 ;
+  int64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct osft_mlp_plan_s **)&_swig_go_0; 
+  
+  result = (int64_t) ((arg1)->num_tiles);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_mlp_plan_t_tile_tokens_set_capi_osftrt(struct osft_mlp_plan_s *_swig_go_0, long long _swig_go_1) {
+  struct osft_mlp_plan_s *arg1 = (struct osft_mlp_plan_s *) 0 ;
+  int64_t arg2 ;
+  
+  arg1 = *(struct osft_mlp_plan_s **)&_swig_go_0; 
+  arg2 = (int64_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->tile_tokens = arg2;
+  
+}
+
+
+long long _wrap_osft_mlp_plan_t_tile_tokens_get_capi_osftrt(struct osft_mlp_plan_s *_swig_go_0) {
+  struct osft_mlp_plan_s *arg1 = (struct osft_mlp_plan_s *) 0 ;
+  int64_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct osft_mlp_plan_s **)&_swig_go_0; 
+  
+  result = (int64_t) ((arg1)->tile_tokens);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_mlp_plan_t_recompute_set_capi_osftrt(struct osft_mlp_plan_s *_swig_go_0, intgo _swig_go_1) {
+  struct osft_mlp_plan_s *arg1 = (struct osft_mlp_plan_s *) 0 ;
+  int arg2 ;
+  
+  arg1 = *(struct osft_mlp_plan_s **)&_swig_go_0; 
+  arg2 = (int)_swig_go_1; 
+  
+  if (arg1) (arg1)->recompute = arg2;
+  
+}
+
+
+intgo _wrap_osft_mlp_plan_t_recompute_get_capi_osftrt(struct osft_mlp_plan_s *_swig_go_0) {
+  struct osft_mlp_plan_s *arg1 = (struct osft_mlp_plan_s *) 0 ;
+  int result;
+  intgo _swig_go_result;
+  
+  arg1 = *(struct osft_mlp_plan_s **)&_swig_go_0; 
+  
+  result = (int) ((arg1)->recompute);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_mlp_plan_t_kept_bytes_set_capi_osftrt(struct osft_mlp_plan_s *_swig_go_0, long long _swig_go_1) {
+  struct osft_mlp_plan_s *arg1 = (struct osft_mlp_plan_s *) 0 ;
+  size_t arg2 ;
+  
+  arg1 = *(struct osft_mlp_plan_s **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  if (arg1) (arg1)->kept_bytes = arg2;
+  
+}
+
+
+long long _wrap_osft_mlp_plan_t_kept_bytes_get_capi_osftrt(struct osft_mlp_plan_s *_swig_go_0) {
+  struct osft_mlp_plan_s *arg1 = (struct osft_mlp_plan_s *) 0 ;
+  size_t result;
+  long long _swig_go_result;
+  
+  arg1 = *(struct osft_mlp_plan_s **)&_swig_go_0; 
+  
+  result =  ((arg1)->kept_bytes);
+  _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+struct osft_mlp_plan_s *_wrap_new_osft_mlp_plan_t_capi_osftrt() {
+  struct osft_mlp_plan_s *result = 0 ;
+  struct osft_mlp_plan_s *_swig_go_result;
+  
+  
+  result = (struct osft_mlp_plan_s *)new_osft_mlp_plan_s();
+  *(struct osft_mlp_plan_s **)&_swig_go_result = (struct osft_mlp_plan_s *)result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_delete_osft_mlp_plan_t_capi_osftrt(struct osft_mlp_plan_s *_swig_go_0) {
+  struct osft_mlp_plan_s *arg1 = (struct osft_mlp_plan_s *) 0 ;
+  
+  arg1 = *(struct osft_mlp_plan_s **)&_swig_go_0; 
+  
+  delete_osft_mlp_plan_s(arg1);
+  
+}
+
+
+intgo _wrap_osft_mlp_plan_init_capi_osftrt(struct osft_mlp_plan_s *_swig_go_0, long long _swig_go_1) {
+  osft_mlp_plan_t *arg1 = (osft_mlp_plan_t *) 0 ;
+  size_t arg2 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(osft_mlp_plan_t **)&_swig_go_0; 
+  arg2 = (size_t)_swig_go_1; 
+  
+  result = (osft_status_t)osft_mlp_plan_init(arg1,arg2);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_osft_mlp_get_plan_capi_osftrt(osft_mlp_t _swig_go_0, long long _swig_go_1, long long _swig_go_2, struct osft_mlp_plan_s *_swig_go_3) {
+  osft_mlp_t arg1 = (osft_mlp_t) 0 ;
+  int64_t arg2 ;
+  int64_t arg3 ;
+  osft_mlp_plan_t *arg4 = (osft_mlp_plan_t *) 0 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = (osft_mlp_t)_swig_go_0; 
+  arg2 = (int64_t)_swig_go_1; 
+  arg3 = (int64_t)_swig_go_2; 
+  arg4 = *(osft_mlp_plan_t **)&_swig_go_3; 
+  
+  result = (osft_status_t)osft_mlp_get_plan(arg1,arg2,arg3,arg4);
   _swig_go_result = (intgo)result; 
   return _swig_go_result;
 }

@@ -345,6 +345,8 @@ class ShardedOSFTProjector(_ProjectionHooks):
         self._bind()
         self._proj.project_parameters()
         self.projections["parameters"] += 1
+        for m in self._mods:  # written behind torch's version counters
+            m.factors_changed()
 
     def orthogonality(self):
         """(max|U_high^T U_low|, max|V_low V_high^T|) over all layers and

@@ -20,7 +20,7 @@ from ._common import (
 __all__ = ["OSFTLinear", "convert_linear_layers", "LLAMA_LINEAR_NAMES"]
 
 LLAMA_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_STRATEGIES = {"auto": 0, "factorized": 1, "dense": 2}
+_STRATEGIES = {"auto": 0, "factorized": 1, "dense": 2, "hybrid": 3}
 
 
 class _FLinearFn(torch.autograd.Function):
@@ -76,6 +76,16 @@ class OSFTLinear(TransientHandles, nn.Module):
     factors); an optimizer updates them in place as usual.
 
     Build with :meth:`from_linear`. ``merge()`` gives back an ``nn.Linear``.
+
+    The dense W that the dense and hybrid strategies rebuild from the
+    trainable factors is kept until they change (one rebuild per optimizer
+    step, shared by every micro-batch of a gradient accumulation): the layer
+    reports a change to the library when torch's version counter of
+    ``u_low``, ``s_low`` or ``v_low`` moved (every in-place write through
+    the parameter, as optimizers do), and :class:`OSFTProjector`'s parameter
+    projection reports its own writes. A write that bypasses the version
+    counter (``p.data.copy_(...)``, DLPack) needs :meth:`factors_changed`
+    (on the CPU the library's fingerprints catch it anyway).
     S and V^T each live in one buffer (high part first), so the high and low
     GEMMs over V fuse; ``v_high``/``v_low`` are row views of it. U's parts
     are separate compact tensors: a column view of one U would not be
@@ -90,7 +100,7 @@ class OSFTLinear(TransientHandles, nn.Module):
     ``pickle`` (the copy creates its own library handle on first use).
     """
 
-    _transient = ("_layer", "_layer_key")
+    _transient = ("_layer", "_layer_key", "_factor_versions")
 
     def __init__(self, u, s, vt, rank, bias=None, *, strategy="auto", context=None):
         super().__init__()
@@ -123,6 +133,7 @@ class OSFTLinear(TransientHandles, nn.Module):
         self.bias = nn.Parameter(bias.detach().clone()) if bias is not None else None
         self._layer = None
         self._layer_key = None
+        self._factor_versions = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, rank_ratio=0.5, *, dtype=None, strategy="auto", context=None):
@@ -152,9 +163,34 @@ class OSFTLinear(TransientHandles, nn.Module):
             f.u_high, f.s_high, f.v_high, f.u_low, f.s_low, f.v_low = (t.detach() for t in self._factors())
             o = capi.osft_flinear_options_t()
             o.strategy = _STRATEGIES[self._strategy]
+            # changes are reported (below), so the rebuilt W is kept on
+            # every device, not only where the library fingerprints
+            o.trainable_updates = capi.OSFT_FLINEAR_UPDATES_REPORTED
             self._layer = capi.osft_flinear_create_from_factors(ctx.handle, f, o)
             self._layer_key = key
+            self._factor_versions = self._versions()
+        versions = self._versions()
+        if versions != self._factor_versions:
+            capi.osft_flinear_mark_updated(self._layer)
+            self._factor_versions = versions
         return self._layer
+
+    def _versions(self):
+        return (self.u_low._version, self.s_low._version, self.v_low._version)
+
+    def factors_changed(self):
+        """Reports a change of u_low, s_low or v_low made without torch's
+        version counter seeing it (``.data`` writes, DLPack, the library's
+        projection): the kept dense W is rebuilt at the next call."""
+        if self._layer is not None and not self._layer.closed:
+            capi.osft_flinear_mark_updated(self._layer)
+
+    def info(self):
+        """The library layer's counters: {"rebuilds", "frozen_builds",
+        "trainable_version", "weight_kept"} (osft_flinear_info_t)."""
+        i = capi.osft_flinear_info_t()
+        capi.osft_flinear_get_info(self._layer_handle(), i)
+        return {k: getattr(i, k) for k in ("rebuilds", "frozen_builds", "trainable_version", "weight_kept")}
 
     def refresh(self):
         """Call after changing the frozen factors in place."""

@@ -238,6 +238,8 @@ class OSFTProjector(_ProjectionHooks):
             return
         capi.osft_projector_project_params(self._handle)
         self.projections["parameters"] += 1
+        for m in self._modules:  # written behind torch's version counters
+            m.factors_changed()
 
     def orthogonality(self):
         """(max|U_high^T U_low|, max|V_low V_high^T|) over every target and rank."""
@@ -262,26 +264,32 @@ class OSFTProjector(_ProjectionHooks):
         }
 
     # --- hooks: no extra calls in the user's loop -------------------------------
-    def attach(self, optimizer=None):
+    def attach(self, optimizer=None, *, gradients="step"):
         """Runs the projections by themselves from now on:
 
-        * the gradient projection at the end of every ``backward()`` that
-          reaches an OSFT factor (after every gradient is accumulated, so
-          gradient clipping sees the projected gradients);
-        * the parameter projection after every ``step()`` of `optimizer`, or,
-          when `optimizer` is None, of any optimizer that updates a
-          registered factor (so an optimizer that ``transformers.Trainer``
-          creates later is covered too).
+        * the gradient projection once before every ``step()``
+          (``gradients="step"``, the default: under gradient accumulation it
+          is paid once per optimizer step, not per micro-batch, and it is
+          exact, the projection being linear: projecting the sum equals
+          summing the projections), or at the end of every ``backward()``
+          that reaches an OSFT factor (``"backward"``: gradient clipping then
+          sees the projected gradients, whose norm is at most the
+          unprojected one's);
+        * the parameter projection after every ``step()``;
 
-        Returns self; :meth:`detach` removes the hooks. Projecting after each
-        micro-batch's backward under gradient accumulation is exact: the
-        projection is linear and idempotent.
+        of `optimizer`, or, when `optimizer` is None, of any optimizer that
+        updates a registered factor (so an optimizer that
+        ``transformers.Trainer`` creates later is covered too). Returns self;
+        :meth:`detach` removes the hooks. ``projections`` counts the calls.
         """
+        if gradients not in ("step", "backward"):
+            raise ValueError("gradients must be 'step' or 'backward'")
         self.detach()
-        for m in self._modules:
-            for p in (m.u_low, m.v_low):
-                self._hooks.append(p.register_hook(self._on_grad))
-        self._hook_steps(optimizer, gradients=False)
+        if gradients == "backward":
+            for m in self._modules:
+                for p in (m.u_low, m.v_low):
+                    self._hooks.append(p.register_hook(self._on_grad))
+        self._hook_steps(optimizer, gradients=gradients == "step")
         return self
 
     def _factors(self):

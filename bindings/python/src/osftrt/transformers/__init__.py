@@ -80,9 +80,10 @@ def apply_osftrt(model, *, fused_cross_entropy=True, tiled_mlp=True, osft=False,
     the weights' dtype); projector: create this process's OSFTProjector
     (False under FSDP2 or DDP, where
     osftrt.torch.distributed.shard_aware_projector takes its place after the
-    model is sharded); attach: run the projector's gradient projection at
-    the end of every backward and its parameter projection after every
-    optimizer step (of `optimizer`, or of any optimizer holding the factors).
+    model is sharded); attach: run the projector's gradient projection once
+    before every optimizer step (not per micro-batch) and its parameter
+    projection after it (of `optimizer`, or of any optimizer holding the
+    factors).
     mlp_tile_tokens / mlp_memory_budget: the tiling (default: tiles of at most
     `hidden` tokens). cross_entropy_options: extra options of
     fused_linear_cross_entropy (e.g. memory_budget, accumulator).
