@@ -74,12 +74,17 @@ var CFunctions = map[string]interface{}{
 	"osft_flinear_merge":               (*FLinear).Merge,
 	"osft_flinear_redecompose":         (*FLinear).Redecompose,
 	"osft_flinear_refresh":             (*FLinear).Refresh,
+	"osft_flinear_mark_updated":        (*FLinear).MarkUpdated,
+	"osft_flinear_get_info":            (*FLinear).Info,
+	"osft_flinear_info_init":           (*FLinear).Info, // osft_flinear_info_t's constructor
 	// mlp.h
 	"osft_mlp_weights_init":   NewMLP, // MLPWeights
 	"osft_mlp_options_init":   DefaultMLPOptions,
 	"osft_mlp_create":         NewMLP,
 	"osft_mlp_destroy":        (*MLP).Close,
 	"osft_mlp_get_tile_count": (*MLP).TileCount,
+	"osft_mlp_get_plan":       (*MLP).Plan,
+	"osft_mlp_plan_init":      (*MLP).Plan, // osft_mlp_plan_t's constructor
 	"osft_mlp_forward":        (*MLP).Forward,
 	"osft_mlp_grads_init":     (*MLP).Backward, // MLPGrads
 	"osft_mlp_backward":       (*MLP).Backward,

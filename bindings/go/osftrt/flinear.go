@@ -15,6 +15,25 @@ var (
 	StrategyAuto       = Strategy(capi.OSFT_FLINEAR_AUTO)
 	StrategyFactorized = Strategy(capi.OSFT_FLINEAR_FACTORIZED)
 	StrategyDense      = Strategy(capi.OSFT_FLINEAR_DENSE)
+	// StrategyHybrid: the dense forward and grad_x, the trainable factors'
+	// gradients from the factors (library 1.3.0).
+	StrategyHybrid = Strategy(capi.OSFT_FLINEAR_HYBRID)
+)
+
+// Updates is how a layer learns that its trainable factors changed
+// (osft_flinear_updates_t, library 1.3.0).
+type Updates int
+
+// Ways a layer learns of changes to its trainable factors.
+var (
+	// UpdatesDetected: the runtime finds out by itself (fingerprints on
+	// the CPU; a rebuild at every call elsewhere). The default.
+	UpdatesDetected = Updates(capi.OSFT_FLINEAR_UPDATES_DETECTED)
+	// UpdatesReported: the caller reports every change (MarkUpdated;
+	// ReadFactor, WriteFactor or FactorShape of U_low, S_low or V_low
+	// count as one: they take a view) and the rebuilt W is kept until the
+	// next report.
+	UpdatesReported = Updates(capi.OSFT_FLINEAR_UPDATES_REPORTED)
 )
 
 // Factor names one of the six factors (osft_flinear_factor_t).
@@ -50,11 +69,12 @@ var (
 
 // FLinearOptions configure a layer (osft_flinear_options_t); the defaults
 // (DefaultFLinearOptions) are rank ratio 0.5, strategy AUTO, factors in the
-// weight's dtype (FactorDType 0).
+// weight's dtype (FactorDType 0), trainable updates detected.
 type FLinearOptions struct {
-	RankRatio   float64
-	Strategy    Strategy
-	FactorDType DType // Float32, BFloat16, or 0: the weight's
+	RankRatio        float64
+	Strategy         Strategy
+	FactorDType      DType   // Float32, BFloat16, or 0: the weight's
+	TrainableUpdates Updates // library 1.3.0
 }
 
 // DefaultFLinearOptions returns the defaults of osft_flinear_options_init.
@@ -66,7 +86,8 @@ func DefaultFLinearOptions() FLinearOptions {
 	if dt.GetBits() == 0 {
 		fd = 0
 	}
-	return FLinearOptions{RankRatio: o.GetRank_ratio(), Strategy: Strategy(o.GetStrategy()), FactorDType: fd}
+	return FLinearOptions{RankRatio: o.GetRank_ratio(), Strategy: Strategy(o.GetStrategy()), FactorDType: fd,
+		TrainableUpdates: Updates(o.GetTrainable_updates())}
 }
 
 func flinearOptionsToC(opts *FLinearOptions) capi.Osft_flinear_options_t {
@@ -77,6 +98,7 @@ func flinearOptionsToC(opts *FLinearOptions) capi.Osft_flinear_options_t {
 	co := capi.NewOsft_flinear_options_t()
 	co.SetRank_ratio(o.RankRatio)
 	co.SetStrategy(capi.Enum_SS_osft_flinear_strategy_e(o.Strategy))
+	co.SetTrainable_updates(capi.Enum_SS_osft_flinear_updates_e(o.TrainableUpdates))
 	if o.FactorDType != 0 {
 		dt := co.GetFactor_dtype() // a view of the struct member
 		code, bits := o.FactorDType.dl()
@@ -187,6 +209,46 @@ func (l *FLinear) Refresh() error {
 	return l.raw("FLinear.Refresh", func(p uintptr) capi.Enum_SS_osft_status_e {
 		return capi.Osft_flinear_refresh(p)
 	})
+}
+
+// MarkUpdated reports that the trainable factors (U_low, S_low, V_low)
+// changed other than through the layer (an optimizer step on caller-owned
+// factors): the kept dense W is rebuilt at the next call that needs it.
+// Needed only with TrainableUpdates = UpdatesReported, harmless otherwise;
+// cheap (no device work), once per optimizer step. Library 1.3.0.
+func (l *FLinear) MarkUpdated() error {
+	return l.raw("FLinear.MarkUpdated", func(p uintptr) capi.Enum_SS_osft_status_e {
+		return capi.Osft_flinear_mark_updated(p)
+	})
+}
+
+// FLinearInfo is what a layer has done since it was created
+// (osft_flinear_info_t, library 1.3.0).
+type FLinearInfo struct {
+	// Rebuilds of the dense W from the trainable factors (dense and hybrid
+	// strategies), kept or into scratch.
+	Rebuilds uint64
+	// Builds of the frozen product (once, again after Refresh or
+	// Redecompose).
+	FrozenBuilds uint64
+	// Reports of a change of the trainable factors (MarkUpdated, writes
+	// or views of trainable factors).
+	TrainableVersion uint64
+	// WeightKept: a rebuilt W is kept for the next call.
+	WeightKept bool
+}
+
+// Info returns the layer's counters.
+func (l *FLinear) Info() (FLinearInfo, error) {
+	s := capi.NewOsft_flinear_info_t() // runs osft_flinear_info_init
+	defer capi.DeleteOsft_flinear_info_t(s)
+	if err := l.raw("FLinear.Info", func(p uintptr) capi.Enum_SS_osft_status_e {
+		return capi.Osft_flinear_get_info(p, s)
+	}); err != nil {
+		return FLinearInfo{}, err
+	}
+	return FLinearInfo{Rebuilds: s.GetRebuilds(), FrozenBuilds: s.GetFrozen_builds(),
+		TrainableVersion: s.GetTrainable_version(), WeightKept: s.GetWeight_kept() != 0}, nil
 }
 
 // factorView describes one factor's memory (owned by the layer or the caller).

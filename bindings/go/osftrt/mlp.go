@@ -145,6 +145,37 @@ func (m *MLP) TileCount(tokens int64) (numTiles, tileTokens int64, err error) {
 	return
 }
 
+// MLPPlan is how calls over a number of tokens are carried out
+// (osft_mlp_plan_t, library 1.3.0).
+type MLPPlan struct {
+	NumTiles   int64 // tiles of the calls
+	TileTokens int64 // the most tokens in one tile
+	// Recompute: the backward recomputes each tile's forward; false: the
+	// forward keeps its gate and up outputs for the backward (TilingBudget
+	// with a budget that holds every tile's intermediates).
+	Recompute bool
+	KeptBytes uint64 // bytes the forward keeps for the backward (0 when recomputing)
+}
+
+// Plan reports how a forward and backward over `tokens` rows with numTiles
+// tiles (0: the MLP's rule, as TileCount) are carried out.
+func (m *MLP) Plan(tokens, numTiles int64) (MLPPlan, error) {
+	p, err := m.begin("MLP.Plan")
+	if err != nil {
+		return MLPPlan{}, err
+	}
+	defer m.ctx.mu.Unlock()
+	s := capi.NewOsft_mlp_plan_t() // runs osft_mlp_plan_init
+	defer capi.DeleteOsft_mlp_plan_t(s)
+	if err := rawCall("MLP.Plan", func() capi.Enum_SS_osft_status_e {
+		return capi.Osft_mlp_get_plan(p, tokens, numTiles, s)
+	}); err != nil {
+		return MLPPlan{}, err
+	}
+	return MLPPlan{NumTiles: s.GetNum_tiles(), TileTokens: s.GetTile_tokens(), Recompute: s.GetRecompute() != 0,
+		KeptBytes: uint64(s.GetKept_bytes())}, nil
+}
+
 // Forward computes y = MLP(x) over numTiles tiles (0: the MLP's rule).
 func (m *MLP) Forward(x, y Arg, numTiles int64) error {
 	p, err := m.begin("MLP.Forward")

@@ -19,6 +19,10 @@ pub enum Strategy {
     Factorized,
     /// A cached frozen product plus the rebuilt low part.
     Dense,
+    /// The dense forward and grad_x, the trainable factors' gradients from
+    /// the factors: the cheapest for many tokens and a small trainable
+    /// rank (library 1.3.0).
+    Hybrid,
 }
 
 impl Strategy {
@@ -27,12 +31,14 @@ impl Strategy {
             Strategy::Auto => sys::OSFT_FLINEAR_AUTO,
             Strategy::Factorized => sys::OSFT_FLINEAR_FACTORIZED,
             Strategy::Dense => sys::OSFT_FLINEAR_DENSE,
+            Strategy::Hybrid => sys::OSFT_FLINEAR_HYBRID,
         }
     }
     fn from_raw(s: sys::osft_flinear_strategy_t) -> Strategy {
         match s {
             sys::OSFT_FLINEAR_FACTORIZED => Strategy::Factorized,
             sys::OSFT_FLINEAR_DENSE => Strategy::Dense,
+            sys::OSFT_FLINEAR_HYBRID => Strategy::Hybrid,
             _ => Strategy::Auto,
         }
     }
@@ -71,6 +77,34 @@ impl Factor {
     }
 }
 
+/// How a layer learns that its trainable factors changed (library 1.3.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Updates {
+    /// The runtime finds out by itself: it fingerprints the trainable
+    /// factors on the CPU and rebuilds W at every call elsewhere.
+    Detected,
+    /// The caller reports every change ([`FLinear::mark_updated`]; a view
+    /// of U_low, S_low or V_low through [`FLinear::with_factor`] or
+    /// [`FLinear::with_factor_mut`] counts as one) and the rebuilt W is
+    /// kept until the next report.
+    Reported,
+}
+
+impl Updates {
+    fn raw(self) -> sys::osft_flinear_updates_t {
+        match self {
+            Updates::Detected => sys::OSFT_FLINEAR_UPDATES_DETECTED,
+            Updates::Reported => sys::OSFT_FLINEAR_UPDATES_REPORTED,
+        }
+    }
+    fn from_raw(u: sys::osft_flinear_updates_t) -> Updates {
+        match u {
+            sys::OSFT_FLINEAR_UPDATES_REPORTED => Updates::Reported,
+            _ => Updates::Detected,
+        }
+    }
+}
+
 /// Which pass a strategy query is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Pass {
@@ -89,6 +123,9 @@ pub struct FlinearOptions {
     pub strategy: Strategy,
     /// dtype of runtime-owned factors (F32 or Bf16); `None`: the weight's.
     pub factor_dtype: Option<DType>,
+    /// How the layer learns of changes to its trainable factors. Default
+    /// [`Updates::Detected`] (library 1.3.0).
+    pub trainable_updates: Updates,
 }
 
 fn raw_options() -> sys::osft_flinear_options_t {
@@ -108,6 +145,7 @@ impl Default for FlinearOptions {
             rank_ratio: o.rank_ratio,
             strategy: Strategy::from_raw(o.strategy),
             factor_dtype: None,
+            trainable_updates: Updates::from_raw(o.trainable_updates),
         }
     }
 }
@@ -117,6 +155,7 @@ impl FlinearOptions {
         let mut o = raw_options();
         o.rank_ratio = self.rank_ratio;
         o.strategy = self.strategy.raw();
+        o.trainable_updates = self.trainable_updates.raw();
         if let Some(d) = self.factor_dtype {
             o.factor_dtype = d.to_dl();
         }
@@ -154,6 +193,23 @@ pub struct FlinearDims {
     pub frozen_rank: i64,
     /// l.
     pub trainable_rank: i64,
+}
+
+/// What a layer has done since it was created ([`FLinear::info`], library
+/// 1.3.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlinearInfo {
+    /// Rebuilds of the dense W from the trainable factors (the dense and
+    /// hybrid strategies), kept or into scratch.
+    pub rebuilds: u64,
+    /// Builds of the frozen product (once, again after
+    /// [`FLinear::refresh`] or [`FLinear::redecompose`]).
+    pub frozen_builds: u64,
+    /// Reports of a change of the trainable factors
+    /// ([`FLinear::mark_updated`], views of trainable factors).
+    pub trainable_version: u64,
+    /// A rebuilt W is kept for the next call.
+    pub weight_kept: bool,
 }
 
 /// Gradient outputs of [`FLinear::backward`]; `None` is not computed.
@@ -655,6 +711,32 @@ impl<'a> FLinear<'a> {
     pub fn refresh(&self) -> Result<()> {
         // SAFETY: a live handle.
         check(unsafe { sys::osft_flinear_refresh(self.raw) })
+    }
+
+    /// Reports that the trainable factors changed other than through the
+    /// layer (an optimizer step on caller-owned factors): the kept dense W
+    /// is rebuilt at the next call that needs it. Needed only with
+    /// [`Updates::Reported`], harmless otherwise; cheap (no device work),
+    /// once per optimizer step (library 1.3.0).
+    pub fn mark_updated(&self) -> Result<()> {
+        // SAFETY: a live handle.
+        check(unsafe { sys::osft_flinear_mark_updated(self.raw) })
+    }
+
+    /// The layer's counters (library 1.3.0).
+    pub fn info(&self) -> Result<FlinearInfo> {
+        // SAFETY: all-zero is a valid osft_flinear_info_t; the library
+        // fills it (osft_flinear_info_init's zeros and struct_size).
+        let mut s: sys::osft_flinear_info_t = unsafe { std::mem::zeroed() };
+        s.struct_size = std::mem::size_of_val(&s);
+        // SAFETY: a live handle and a valid out-pointer.
+        check(unsafe { sys::osft_flinear_get_info(self.raw, &mut s) })?;
+        Ok(FlinearInfo {
+            rebuilds: s.rebuilds,
+            frozen_builds: s.frozen_builds,
+            trainable_version: s.trainable_version,
+            weight_kept: s.weight_kept != 0,
+        })
     }
 }
 

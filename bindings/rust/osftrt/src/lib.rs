@@ -119,9 +119,9 @@ pub use flce::{
 };
 pub use flinear::{
     FLinear, Factor, FactorGrads, FactorMut, FactorRef, Factors, FlinearDims, FlinearGrads,
-    FlinearOptions, Pass, Strategy,
+    FlinearInfo, FlinearOptions, Pass, Strategy, Updates,
 };
-pub use mlp::{Mlp, MlpGrads, MlpOptions, MlpVariant, MlpWeights, Projection, Tiling};
+pub use mlp::{Mlp, MlpGrads, MlpOptions, MlpPlan, MlpVariant, MlpWeights, Projection, Tiling};
 pub use projection::{
     Arithmetic, PartTarget, ProjectionGrads, Projector, ProjectorInfo, ProjectorOptions,
     ShardLayout, Target,

@@ -71,6 +71,22 @@ impl Default for MlpOptions {
     }
 }
 
+/// How calls over a number of tokens are carried out ([`Mlp::plan`],
+/// library 1.3.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MlpPlan {
+    /// Tiles of the calls.
+    pub num_tiles: i64,
+    /// The most tokens in one tile.
+    pub tile_tokens: i64,
+    /// The backward recomputes each tile's forward (gate and up); `false`:
+    /// the forward keeps them for the backward ([`Tiling::Budget`] with a
+    /// budget that holds every tile's intermediates).
+    pub recompute: bool,
+    /// Bytes the forward keeps for the backward (0 where it recomputes).
+    pub kept_bytes: usize,
+}
+
 /// One projection of an MLP: a dense weight (out x in) or an OSFT layer.
 pub enum Projection<'a> {
     /// A dense weight, borrowed for the MLP's life (reach it for an
@@ -264,6 +280,24 @@ impl<'a> Mlp<'a> {
         // SAFETY: a live handle and valid out-pointers.
         check(unsafe { sys::osft_mlp_get_tile_count(self.raw, tokens, &mut n, &mut t) })?;
         Ok((n, t))
+    }
+
+    /// How a forward and backward over `tokens` rows with `num_tiles`
+    /// tiles (0: the MLP's rule, as [`tile_count`](Self::tile_count)) are
+    /// carried out (library 1.3.0).
+    pub fn plan(&self, tokens: i64, num_tiles: i64) -> Result<MlpPlan> {
+        // SAFETY: all-zero is a valid osft_mlp_plan_t; the library fills it
+        // (osft_mlp_plan_init's zeros and struct_size).
+        let mut p: sys::osft_mlp_plan_t = unsafe { std::mem::zeroed() };
+        p.struct_size = std::mem::size_of_val(&p);
+        // SAFETY: a live handle and a valid out-pointer.
+        check(unsafe { sys::osft_mlp_get_plan(self.raw, tokens, num_tiles, &mut p) })?;
+        Ok(MlpPlan {
+            num_tiles: p.num_tiles,
+            tile_tokens: p.tile_tokens,
+            recompute: p.recompute != 0,
+            kept_bytes: p.kept_bytes,
+        })
     }
 
     /// `y = MLP(x)`; `num_tiles` 0: the MLP's rule.

@@ -19,6 +19,8 @@ const BUILT_DIRECTLY: &[&str] = &[
     "osft_flce_plan_init",
     "osft_comm_stats_init",
     "osft_projector_info_init",
+    "osft_flinear_info_init",
+    "osft_mlp_plan_init",
 ];
 
 #[test]
