@@ -286,10 +286,14 @@ size_t reserve_layer_scratch(const Mlp &m, const Tiling &tiles, const Requests *
     for (int64_t rows : sizes)
       for (osft_flinear_pass_t pass : {OSFT_FLINEAR_FORWARD, OSFT_FLINEAR_BACKWARD}) {
         if (!(pass == OSFT_FLINEAR_FORWARD ? calls.forward : calls.backward)) continue;
-        const bool dense =
-            choose_strategy(probe, rows, pass, calls.want, m.dtype) == OSFT_FLINEAR_DENSE;
-        const size_t need =
-            layer_scratch_bound(probe, probe.factor_dtype, m.dtype, rows, dense);
+        const osft_flinear_strategy_t s =
+            choose_strategy(probe, rows, pass, calls.want, m.dtype);
+        auto bound = [&](bool dense) {
+          return layer_scratch_bound(probe, probe.factor_dtype, m.dtype, rows, dense);
+        };
+        /* the hybrid form plans the dense weight and the factorized low part */
+        const size_t need = s == OSFT_FLINEAR_HYBRID ? bound(true) + bound(false)
+                                                     : bound(s == OSFT_FLINEAR_DENSE);
         if (need > bytes) {
           bytes = need;
           who = p.name;

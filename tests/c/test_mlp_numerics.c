@@ -87,6 +87,28 @@ static void test_layer_projections(void **state) {
         }
         fx_free(f);
       }
+  /* every layer forced to each strategy (the MLP reserves each one's
+   * scratch up front: a layer growing the workspace would log a warning,
+   * which fails this quiet test) */
+  const osft_flinear_strategy_t forced[3] = {OSFT_FLINEAR_FACTORIZED, OSFT_FLINEAR_DENSE,
+                                             OSFT_FLINEAR_HYBRID};
+  for (int st = 0; st < 3; ++st)
+    for (int ad = 0; ad < 2; ++ad) {
+      test_seed("layers forced");
+      cfg c = base_cfg(OSFT_MLP_SWIGLU, ad ? TT_BF16 : TT_F32);
+      c.layers = 7;
+      c.fdtype = c.dtype;
+      fixture *f = fx_new(CTX, c);
+      for (int p = 0; p < 3; ++p)
+        assert_ok(osft_flinear_set_strategy(f->layer[p], forced[st]));
+      const int64_t lead[1] = {9};
+      char label[96];
+      snprintf(label, sizeof label, "layers forced to strategy %d, %s", (int)forced[st],
+               ad ? "bf16" : "fp32");
+      check_pass(f, 2, lead, 1, 0, label);
+      check_pass(f, 2, lead, 3, 0, label);
+      fx_free(f);
+    }
   /* a plain variant with a factorized down projection */
   test_seed("layers plain");
   cfg c = base_cfg(OSFT_MLP_GELU_TANH, TT_F32);
