@@ -187,7 +187,9 @@ class CheckpointOffloader:
         if t.numel() * t.element_size() < self.min_bytes or not self.copies.wants(t):
             return t
         last = self._last() if self._last is not None else None
-        p = _Packed(self.copies.to_host(t), t.device, weakref.ref(last) if last is not None else None)
+        with torch.no_grad():  # copies of data, outside the graph
+            host = self.copies.to_host(t)
+        p = _Packed(host, t.device, weakref.ref(last) if last is not None else None)
         self._last = weakref.ref(p)
         self.offloaded += 1
         return p
@@ -195,6 +197,10 @@ class CheckpointOffloader:
     def unpack(self, p):
         if not isinstance(p, _Packed):
             return p
+        with torch.no_grad():
+            return self._fetch(p)
+
+    def _fetch(self, p):
         if p.fetched is not None:
             dev, done = p.fetched
             p.fetched = None
