@@ -306,6 +306,9 @@ def test_needed_libraries_match_readelf():
                    for d in l.split("[", 1)[1].rstrip("]").split(":") if d]
         needed, runpath = _cudalibs.dynamic_entries(lib)
         assert needed == want and runpath == want_rp and "libc.so.6" in needed, lib
+        if os.path.dirname(lib) == PKG:  # bundled: no empty entry (the loader would search the current folder)
+            raw = [l.split("[", 1)[1].rstrip("]") for l in out.splitlines() if "(RUNPATH)" in l or "(RPATH)" in l]
+            assert all("" not in r.split(":") for r in raw), (lib, raw)
     assert _cudalibs.dynamic_entries(os.path.join(PKG, "__init__.py")) == ([], [])  # not an ELF file
 
 
