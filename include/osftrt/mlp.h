@@ -518,6 +518,12 @@ OSFT_API osft_status_t osft_mlp_backward(osft_mlp_t mlp, const DLTensor *x,
  */
 
 /**
+ * @def OSFT_MLP_PLAN_INIT(p)
+ * @brief osft_mlp_plan_init() with the struct's own size.
+ * @param p  Pointer to an osft_mlp_plan_t.
+ */
+
+/**
  * @def OSFT_MLP_OPTIONS_INIT(o)
  * @brief osft_mlp_options_init() with the struct's own size.
  * @param o  Pointer to an osft_mlp_options_t.

@@ -35,10 +35,17 @@ class _Net(nn.Module):
 
 def _train(net, batches, gradients):
     opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-2)
-    proj = ot.OSFTProjector(net).attach(opt, gradients=gradients)
     seen = []
-    # what the optimizer sees: projected gradients, once per step
-    opt.register_step_pre_hook(lambda *a: seen.append([(l.u_low.grad.clone(), l.v_low.grad.clone()) for l in net.layers]))
+
+    def record(*unused):  # what the optimizer sees: projected gradients, once per step
+        seen.append([(l.u_low.grad.clone(), l.v_low.grad.clone()) for l in net.layers])
+
+    if not hasattr(opt, "register_step_pre_hook"):  # torch 1.13: inside the step the projector wraps
+        step = opt.step
+        opt.step = lambda *a, **k: (record(), step(*a, **k))[1]
+    proj = ot.OSFTProjector(net).attach(opt, gradients=gradients)
+    if hasattr(opt, "register_step_pre_hook"):  # after the projector's own pre-step hook
+        opt.register_step_pre_hook(record)
     for micro in batches:
         for x, t in micro:
             ((net(x) - t) ** 2).mean().backward()

@@ -91,9 +91,8 @@ class _ProjectionHooks:
         if optimizer is None:
             self._hooks += _around_any_step(self, gradients)
             return
-        if gradients:
-            self._hooks.append(optimizer.register_step_pre_hook(lambda *unused: self.project_gradients()))
-        self._hooks.append(_after_step(optimizer, self.project_parameters))
+        before = self.project_gradients if gradients else None
+        self._hooks += _around_step(optimizer, before, self.project_parameters)
 
     def _owns(self, optimizer):
         ids = {id(p) for p in self._factors()}
@@ -310,20 +309,27 @@ class _Removable:
         self.remove = remove
 
 
-def _after_step(optimizer, fn):
-    """fn() after every optimizer.step() (torch >= 2.0 has the hook; 1.13
-    gets a wrapped step)."""
-    if hasattr(optimizer, "register_step_post_hook"):
-        return optimizer.register_step_post_hook(lambda opt, args, kwargs: fn())
+def _around_step(optimizer, before, after):
+    """before() (unless None) and after() around every optimizer.step():
+    the optimizer's own hooks on torch >= 2.0, one wrapped step on 1.13
+    (which has neither hook). Returns the handles."""
+    if hasattr(optimizer, "register_step_pre_hook"):
+        hooks = []
+        if before is not None:
+            hooks.append(optimizer.register_step_pre_hook(lambda *unused: before()))
+        hooks.append(optimizer.register_step_post_hook(lambda opt, args, kwargs: after()))
+        return hooks
     step = optimizer.step
 
     def wrapped(*a, **k):
+        if before is not None:
+            before()
         out = step(*a, **k)
-        fn()
+        after()
         return out
 
     optimizer.step = wrapped
-    return _Removable(lambda: optimizer.__dict__.pop("step", None))
+    return [_Removable(lambda: optimizer.__dict__.pop("step", None))]
 
 
 def _around_any_step(projector, gradients):
