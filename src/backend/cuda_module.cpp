@@ -5,7 +5,6 @@
  * it, so a CPU-only program maps no CUDA library. */
 #include "backend/cuda_module.h"
 
-#include <mutex>
 #include <string>
 
 #include "backend/flce_backend.h"
@@ -20,8 +19,10 @@
 namespace osft {
 namespace {
 
-std::mutex module_lock;
-const CudaModule *module_table = nullptr; /* set once, under module_lock */
+LoadedModule<CudaModule> &cuda_slot() {
+  static LoadedModule<CudaModule> slot(find_cuda_module);
+  return slot;
+}
 
 }  // namespace
 
@@ -31,22 +32,20 @@ const CudaModule &cuda_module(const char *what) {
           "%s: CUDA support was not compiled into this libosftrt (configure with "
           "-DOSFTRT_CUDA=ON where the CUDA toolkit is installed)",
           what);
-  std::lock_guard<std::mutex> hold(module_lock);
-  if (module_table != nullptr) return *module_table;
   std::string why;
-  const CudaModule *m = find_cuda_module(&why);
+  bool now = false;
+  const CudaModule *m = cuda_slot().load(&why, &now);
   if (m == nullptr)
     raise(OSFT_STATUS_NO_DEVICE, "%s: the CUDA backend is not available: %s", what,
           why.c_str());
-  log_message(OSFT_LOG_INFO, "loaded the CUDA module (CUDA %d.%d)",
-              m->toolkit_version / 1000, m->toolkit_version % 1000 / 10);
-  module_table = m;
+  if (now)
+    log_message(OSFT_LOG_INFO, "loaded the CUDA module (CUDA %d.%d)",
+                m->toolkit_version / 1000, m->toolkit_version % 1000 / 10);
   return *m;
 }
 
 const CudaModule *cuda_module_loaded() noexcept {
-  std::lock_guard<std::mutex> hold(module_lock);
-  return module_table;
+  return cuda_slot().loaded();
 }
 
 /* ---- src/core/cuda_runtime.h */

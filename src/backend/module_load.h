@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 #include <string>
 
 #include "osftrt/version.h"
@@ -64,6 +65,36 @@ struct ModuleSpec {
  * module once returned stays loaded for the life of the process. */
 const ModuleHeader *open_module(const ModuleSpec &spec, size_t table_bytes,
                                 std::string *why);
+
+/* A module's table, found on first use and kept for the process: the one
+ * place the core loads a module (the CUDA module: backend/cuda_module.cpp,
+ * the MPI module: comm/comm_mpi_module.cpp). Thread-safe; a failure is
+ * retried on the next call. */
+template <class Table>
+class LoadedModule {
+ public:
+  using Find = const Table *(*)(std::string *why);
+  explicit LoadedModule(Find find) noexcept : find_(find) {}
+
+  /* The table, or nullptr with the reason in *why; *now: this call found
+   * it (or failed to). */
+  const Table *load(std::string *why, bool *now) {
+    std::lock_guard<std::mutex> hold(lock_);
+    *now = table_ == nullptr;
+    if (*now) table_ = find_(why);
+    return table_;
+  }
+  /* The table if an earlier call loaded it, else nullptr; never loads. */
+  const Table *loaded() noexcept {
+    std::lock_guard<std::mutex> hold(lock_);
+    return table_;
+  }
+
+ private:
+  Find find_;
+  std::mutex lock_;
+  const Table *table_ = nullptr;
+};
 
 }  // namespace osft
 

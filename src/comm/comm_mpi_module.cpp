@@ -2,8 +2,6 @@
  * (comm_mpi_module.h), which the first MPI communicator loads. In a build
  * without MPI, or where the module or OpenMPI cannot be loaded, creating one
  * is OSFT_STATUS_NOT_SUPPORTED, naming the reason. */
-#include <mutex>
-
 #include "comm/comm_mpi_module.h"
 #include "core/error.h"
 #include "core/logging.h"
@@ -17,18 +15,14 @@ const MpiModule &mpi_module() {
     raise(OSFT_STATUS_NOT_SUPPORTED,
           "MPI support was not compiled into this libosftrt (configure with "
           "-DOSFTRT_MPI=ON and an MPI installation)");
-  static std::mutex lock;
-  static const MpiModule *table = nullptr;
-  std::lock_guard<std::mutex> hold(lock);
-  if (table == nullptr) {
-    std::string why;
-    table = find_mpi_module(&why);
-    if (table == nullptr)
-      raise(OSFT_STATUS_NOT_SUPPORTED, "the MPI engine is not available: %s",
-            why.c_str());
-    log_message(OSFT_LOG_INFO, "loaded the MPI module");
-  }
-  return *table;
+  static LoadedModule<MpiModule> slot(find_mpi_module);
+  std::string why;
+  bool now = false;
+  const MpiModule *m = slot.load(&why, &now);
+  if (m == nullptr)
+    raise(OSFT_STATUS_NOT_SUPPORTED, "the MPI engine is not available: %s", why.c_str());
+  if (now) log_message(OSFT_LOG_INFO, "loaded the MPI module");
+  return *m;
 }
 
 }  // namespace
