@@ -15,6 +15,7 @@
 #ifndef OSFTRT_SRC_BACKEND_MODULE_LOAD_H
 #define OSFTRT_SRC_BACKEND_MODULE_LOAD_H
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -69,7 +70,8 @@ const ModuleHeader *open_module(const ModuleSpec &spec, size_t table_bytes,
 /* A module's table, found on first use and kept for the process: the one
  * place the core loads a module (the CUDA module: backend/cuda_module.cpp,
  * the MPI module: comm/comm_mpi_module.cpp). Thread-safe; a failure is
- * retried on the next call. */
+ * retried on the next call. Once loaded, a call is one atomic load: the
+ * CUDA forwarders ask for the table on every kernel launch. */
 template <class Table>
 class LoadedModule {
  public:
@@ -79,21 +81,23 @@ class LoadedModule {
   /* The table, or nullptr with the reason in *why; *now: this call found
    * it (or failed to). */
   const Table *load(std::string *why, bool *now) {
+    *now = false;
+    if (const Table *t = table_.load(std::memory_order_acquire)) return t;
     std::lock_guard<std::mutex> hold(lock_);
-    *now = table_ == nullptr;
-    if (*now) table_ = find_(why);
-    return table_;
+    const Table *t = table_.load(std::memory_order_relaxed);
+    if (t != nullptr) return t;
+    *now = true;
+    t = find_(why);
+    table_.store(t, std::memory_order_release);
+    return t;
   }
   /* The table if an earlier call loaded it, else nullptr; never loads. */
-  const Table *loaded() noexcept {
-    std::lock_guard<std::mutex> hold(lock_);
-    return table_;
-  }
+  const Table *loaded() const noexcept { return table_.load(std::memory_order_acquire); }
 
  private:
   Find find_;
   std::mutex lock_;
-  const Table *table_ = nullptr;
+  std::atomic<const Table *> table_{nullptr};
 };
 
 }  // namespace osft
