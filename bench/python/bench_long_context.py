@@ -23,7 +23,7 @@ factors), gradients included. Printed per variant: the peak at each length,
 the slope (KiB per token, least squares over the lengths), the step time
 at each length, and for the knob the floor from the shapes
 (osftrt.transformers.long_context.floor_bytes_per_token: the checkpoints,
-one layer's working set, the loss input's gradient; constant scratch
+the working set of the layer being differentiated, what every layer reads; constant scratch
 aside), the slope over the floor, and per layer per token (the knob with
 twice the layers, same length) against the checkpoint's bytes. Last, the
 longest sequence within --budget-mib, found by bisection in subprocesses
@@ -135,18 +135,26 @@ def child(args):
     else:
         base = benchlib.rss_kib() * 1024
         benchlib.reset_peak()
-    t0, c0 = time.perf_counter(), time.process_time()
-    loss = _step(model, args.tokens, vocab, args.device)
-    if cuda:
-        torch.cuda.synchronize()
-    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    walls, cpus = [], []
+    for i in range(args.steps):  # the same step each time: the peak is the first's, the times their median
+        if i:
+            model.zero_grad(set_to_none=True)
+        t0, c0 = time.perf_counter(), time.process_time()
+        loss = _step(model, args.tokens, vocab, args.device)
+        if cuda:
+            torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
     peak = (torch.cuda.max_memory_allocated() if cuda else benchlib.rss_kib("VmHWM") * 1024) - base
-    print("RESULT " + json.dumps({"peak": peak, "seconds": dt, "cpu_seconds": cpu, "loss": loss}))
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    print("RESULT " + json.dumps({"peak": peak, "seconds": med(walls), "cpu_seconds": med(cpus), "loss": loss,
+                                  "steps": args.steps}))
     benchlib.finish_process(0)
 
 
 # --- the parent -------------------------------------------------------------------
 _CACHE = {}  # (variant, tokens, layers) -> a result read by --from-log
+PROBES = {}  # variant -> [(tokens, peak bytes)] of its bisection
 
 
 def load_log(path):
@@ -165,7 +173,7 @@ def load_log(path):
                 "peak": float(peak) * 2**20, "seconds": float(wall), "cpu_seconds": float(cpu), "loss": float("nan")}
 
 
-def run_child(args, variant, tokens, layers=None):
+def run_child(args, variant, tokens, layers=None, steps=1):
     """{"peak", "seconds", "loss"}, or None when the child failed (out of memory)."""
     hit = _CACHE.get((variant, tokens, layers))
     if hit is not None:
@@ -175,7 +183,7 @@ def run_child(args, variant, tokens, layers=None):
         return hit
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--variant", variant, "--tokens", str(tokens),
            "--device", args.device, "--model", args.model, "--threads", str(args.threads),
-           "--rank-ratio", str(args.rank_ratio)] + (["--layers", str(layers)] if layers else []) + \
+           "--rank-ratio", str(args.rank_ratio), "--steps", str(steps)] + (["--layers", str(layers)] if layers else []) + \
           (["--no-osft"] if args.no_osft else [])
     if args.dry_run:
         print("dry run: " + " ".join(cmd))
@@ -207,6 +215,8 @@ def longest(args, variant, budget, guess):
     lo, hi, n = 0, None, max(16, int(guess))
     while hi is None or lo == 0 or hi - lo > max(16, args.precision * lo):
         r = run_child(args, variant, n)
+        if r is not None:
+            PROBES.setdefault(variant, []).append((n, r["peak"]))
         if r is not None and r["peak"] <= budget:
             lo = n
         else:
@@ -260,7 +270,7 @@ def parent(args):
     for v in variants:
         pts = []
         for n in lengths:
-            r = run_child(args, v, n)
+            r = run_child(args, v, n, steps=args.steps)
             if r is not None:
                 pts.append((n, r["peak"], r["seconds"] if args.device == "cuda" else r["cpu_seconds"]))
         data[v] = pts
@@ -274,11 +284,12 @@ def parent(args):
     knob = data.get("knob", [])
     if len(knob) >= 2:
         ks = slope([(n, p) for n, p, _ in knob])
-        lines.append("Floor from the shapes, bytes per token: checkpoints %d (%d layers x %d x %d B) + one "
-                     "layer's working set %d + the loss input's gradient %d = **%d** (%.1f KiB); the knob's "
-                     "slope %.1f KiB = **%.2fx the floor** (goal <= 1.25x)." % (
-                         floor["checkpoints"], cfg.num_hidden_layers, cfg.hidden_size, b, floor["layer"],
-                         floor["loss"], floor["total"], floor["total"] / 1024, ks / 1024, ks / floor["total"]))
+        lines.append("Floor from the shapes, bytes per token at the step's peak: checkpoints %d (%d layers x %d x "
+                     "%d B) + the working set of the layer being differentiated %d + the rotary cos/sin, ids and "
+                     "labels %d = **%d** (%.1f KiB); the knob's slope %.1f KiB = **%.2fx the floor** (goal <= "
+                     "1.25x)." % (floor["checkpoints"], cfg.num_hidden_layers, cfg.hidden_size, b, floor["layer"],
+                                  floor["shared"], floor["total"], floor["total"] / 1024, ks / 1024,
+                                  ks / floor["total"]))
         # per layer: the slope of twice the layers less the knob's, over the added layers
         # (slopes, so that the added layers' weight gradients cancel)
         two = [(n, run_child(args, "knob", n, layers=2 * cfg.num_hidden_layers)) for n in lengths[-2:]]
@@ -310,6 +321,14 @@ def parent(args):
             found[v] = longest(args, v, budget, guess)
         lines.append("Longest sequence within %d MiB above the model (bisection in subprocesses, to %.0f%%): %s." % (
             args.budget_mib, 100 * args.precision, ", ".join("%s %d tokens" % kv for kv in found.items())))
+        knob = PROBES.get("knob", [])
+        if len(knob) >= 3 and not args.dry_run:  # bytes per token where the sequences are long
+            ks = slope(knob)
+            lines.append("The knob's slope over its bisection's probes (%d to %d tokens): %.1f KiB per token, "
+                         "**%.2fx the floor** of %.1f KiB; intercept %.0f MiB (the weights' gradients and the "
+                         "scratch)." % (min(n for n, _ in knob), max(n for n, _ in knob), ks / 1024,
+                                        ks / floor["total"], floor["total"] / 1024,
+                                        (sum(p for _, p in knob) - ks * sum(n for n, _ in knob)) / len(knob) / 2**20))
         if found.get("plain") and found.get("knob"):
             lines.append("The knob's over plain transformers': **%.1fx** (goal >= 30x; ALST on one H100: 16x)." % (
                 found["knob"] / found["plain"]))
@@ -338,6 +357,8 @@ def main():
     ap.add_argument("--rank-ratio", type=float, default=0.5)
     ap.add_argument("--no-osft", action="store_true", help="cuda: full fine-tuning on the osftrt variants too")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3, help="steps per child at the table's lengths (the times: "
+                    "their median; bisection probes and the per-layer runs take one)")
     ap.add_argument("--child-timeout", type=float, default=1800)
     ap.add_argument("--out", default=None)
     ap.add_argument("--from-log", default=None, help="reuse the children's results printed in this earlier "

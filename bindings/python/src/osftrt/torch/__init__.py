@@ -13,6 +13,8 @@ the tensors' own storage through DLPack), one module per capability:
   materialized logits.
 * :mod:`.mlp` -- :class:`TiledMLP`, SwiGLU/GeGLU/GELU/SiLU/ReLU MLPs over
   tiles of tokens (dense or OSFT projections).
+* :mod:`.norm` -- :func:`rms_norm`, RMSNorm whose backward keeps only
+  its input and one float per row (long context).
 * :mod:`.distributed` (imported on its own) -- OSFT under FSDP2 and DDP:
   :func:`~.distributed.prepare_fsdp2` (frozen factors shardable) and
   :func:`~.distributed.shard_aware_projector` (the projection on the
@@ -25,6 +27,7 @@ from .cross_entropy import FusedLinearCrossEntropyLoss, fused_linear_cross_entro
 from .linear import LLAMA_LINEAR_NAMES, OSFTLinear, convert_linear_layers
 from .mlp import TiledMLP, TiledMLPPlan, tiled_mlp
 from .projector import OSFTProjector
+from .norm import rms_norm
 
 __all__ = [
     "OSFTLinear",
@@ -36,4 +39,5 @@ __all__ = [
     "TiledMLPPlan",
     "tiled_mlp",
     "LLAMA_LINEAR_NAMES",
+    "rms_norm",
 ]

@@ -19,7 +19,8 @@
   one setting: per-layer activation checkpointing that keeps only each
   layer's input, those checkpoints offloaded to pinned host memory on a
   GPU (brought back one layer ahead of the backward on a side stream), and
-  constant scratch budgets for the loss and the MLP tiles
+  constant scratch budgets for the loss and the MLP tiles, and RMSNorms
+  whose backward keeps only their input
   (:mod:`osftrt.transformers.long_context`).
 
 Families (``config.model_type``): llama, mistral, qwen2, qwen3, gemma2,
@@ -92,16 +93,19 @@ def apply_osftrt(model, *, fused_cross_entropy=True, tiled_mlp=True, osft=False,
     ("as long as possible"): turns on per-layer activation checkpointing
     that keeps only each decoder layer's input (Hugging Face's,
     non-reentrant; also under FSDP2, whose hooks stay outside the
-    checkpoint), sets the loss's memory_budget and the MLP's tile budget to
-    constants (a sixteenth of the budget each, at least 16 MiB and 128 rows
-    of logits, at most 1 GiB; explicit mlp_tile_tokens / mlp_memory_budget /
-    cross_entropy_options["memory_budget"] win), and offloads the
+    checkpoint), swaps the RMSNorms for osftrt.torch.rms_norm (its backward
+    keeps only the input and one float per token), sets the loss's
+    memory_budget and the MLP's tile budget to constants (under "min" 128
+    rows of logits and 256 tokens of tile, each at least 4 MiB; under a
+    budget a sixteenth of it each, at least that, at most 1 GiB; explicit
+    mlp_tile_tokens / mlp_memory_budget / cross_entropy_options["memory_budget"]
+    win), frees the loss's scratch before the backward, and offloads the
     checkpoints of layers that run on a GPU to pinned host memory, brought
     back one layer ahead of the backward on a side stream
     (offload_checkpoints=False keeps them on the device). The sequence that
-    fits is about (activation_memory - scratch) /
+    fits is about (activation_memory - the weights' gradients - scratch) /
     long_context.floor_bytes_per_token(config, dtype_bytes)["total"]
-    tokens; on the CPU, hidden 256 and 4 layers, about 15 KiB per token
+    tokens; on the CPU, hidden 256 and 4 layers, 12.5 KiB per token
     (bench/results/long_context_cpu.md). None (default): none of this.
     """
     family = family_of(model)
@@ -129,7 +133,7 @@ def apply_osftrt(model, *, fused_cross_entropy=True, tiled_mlp=True, osft=False,
     tiled = patch_mlps(model, family, model.config, tile_tokens=mlp_tile_tokens, memory_budget=mlp_memory_budget) if tiled_mlp else 0
     if fused_cross_entropy:
         patch_causal_lm(model, family, cross_entropy_options)
-    _long_context.apply_plan(model, lc)
+    _long_context.apply_plan(model, lc, family)
     return Patched(model, family, bool(fused_cross_entropy), tiled, layers, projector, lc)
 
 
@@ -143,7 +147,7 @@ def merge_and_unpatch(model, dtype=None):
     OSFTLinear merged into an nn.Linear (dtype: the factors' by default), the
     projector detached. Returns the model, ready for ``save_pretrained``."""
     family = family_of(model)
-    _long_context.undo(model)
+    _long_context.undo(model, family)
     projector = _projectors.pop(model, None)
     if projector is not None:
         projector.close()

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..torch import OSFTLinear, TiledMLPPlan, fused_linear_cross_entropy, tiled_mlp
+from ..torch import OSFTLinear, TiledMLPPlan, fused_linear_cross_entropy, rms_norm, tiled_mlp
 
 # Hugging Face activation names -> osftrt gated MLP variants (down(act(gate x) * up x))
 GATED_VARIANTS = {
@@ -39,6 +39,7 @@ class Family:
     causal_lm: type  # the patched causal LM class (a subclass of the HF one)
     mlp: type  # the patched MLP class
     activation_attrs: tuple = ("hidden_act",)  # config attributes naming the MLP activation, first found wins
+    norm: type = None  # the patched RMSNorm class (lean backward; used by activation_memory)
 
     def activation(self, config):
         for a in self.activation_attrs:
@@ -97,8 +98,12 @@ def _fused_forward(self, base_forward, signature, *args, **kwargs):
     return_dict = bound.pop("return_dict", None)
     loss_kwargs = {k: bound[k] for k in _LOSS_KWARGS if k in bound}
     outputs = self.model(**bound)
+    flce_options = getattr(self, "_osftrt_flce_options", {})
     loss = causal_lm_loss(outputs[0], self.lm_head, labels, softcap=getattr(self.config, "final_logit_softcapping", None),
-                          **loss_kwargs, **getattr(self, "_osftrt_flce_options", {}))
+                          **loss_kwargs, **flce_options)
+    long_context = getattr(self, "_osftrt_long_context", None)
+    if long_context is not None:
+        long_context.after_loss(outputs[0], flce_options.get("context"))
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     out = _output_of(outputs, loss, CausalLMOutputWithPast)
@@ -131,6 +136,29 @@ def tiled_mlp_class(base, module_name):
 
     functools.update_wrapper(forward, base.forward)
     return type(base.__name__, (base,), {"__module__": module_name, "__qualname__": base.__name__, "forward": forward})
+
+
+def lean_norm_class(base, module_name, *, offset=0.0, weight_first=True, eps_attr="variance_epsilon"):
+    """A subclass of the RMSNorm class `base` computed by
+    :func:`osftrt.torch.rms_norm` (same outputs; its backward keeps only the
+    input and one float per row)."""
+
+    def forward(self, x):
+        return rms_norm(x, self.weight, getattr(self, eps_attr), offset=offset, weight_first=weight_first)
+
+    functools.update_wrapper(forward, base.forward)
+    return type(base.__name__, (base,), {"__module__": module_name, "__qualname__": base.__name__, "forward": forward})
+
+
+def swap_classes(model, base, patched):
+    """Every module of class `base` becomes a `patched` (and back, with the
+    arguments swapped). Returns the number swapped."""
+    n = 0
+    for m in model.modules():
+        if type(m) is base:
+            m.__class__ = patched
+            n += 1
+    return n
 
 
 # --- applying it ----------------------------------------------------------------

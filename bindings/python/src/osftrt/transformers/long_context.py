@@ -14,7 +14,11 @@ about the floor:
   backward (:class:`CheckpointOffloader`), so the device holds at most two
   layers' inputs;
 * the fused cross-entropy's ``memory_budget`` and the tiled MLP's tile
-  budget set to constants (no scratch that grows with the tokens).
+  budget set to constants (no scratch that grows with the tokens);
+* the RMSNorms computed by :func:`osftrt.torch.rms_norm`, whose backward
+  keeps only the input (kept anyway) and one float per token: Hugging
+  Face's keeps the normalized rows too and makes full-size temporaries in
+  its backward, about a quarter of a recomputed layer's working set.
 
 ``activation_memory`` is the bytes the step's activations may use, or
 ``"min"`` (alias ``"as long as possible"``): the smallest scratch that keeps
@@ -31,13 +35,17 @@ import weakref
 
 import torch
 
+from ._patch import swap_classes
+
 MIN_ALIASES = ("min", "as long as possible")
 _MiB = 1 << 20
-# The scratch under "min": chunks of at least this many token rows of logits
-# (GEMMs near full speed; bench/results/flce_default_budget_cpu.md), and
-# tiles of the MLP within this many bytes.
+# The scratch under "min": chunks of at least MIN_LOSS_ROWS token rows of
+# logits (fewer make every chunk's read-modify-write of the head's gradient
+# dominate; bench/results/flce_default_budget_cpu.md) and tiles of at least
+# MIN_MLP_ROWS tokens (GEMMs near full speed), never under MIN_SCRATCH.
 MIN_LOSS_ROWS = 128
-MIN_SCRATCH = 16 * _MiB
+MIN_MLP_ROWS = 256
+MIN_SCRATCH = 4 * _MiB
 MAX_SCRATCH = 1 << 30
 # Saved tensors smaller than this stay on the device (masks, positions).
 OFFLOAD_MIN_BYTES = 1 * _MiB
@@ -52,6 +60,16 @@ class LongContextPlan:
     mlp_memory_budget: int  # TiledMLPPlan(memory_budget=...)
     checkpointing: bool  # per-layer, keeping only the layer input
     offloader: "CheckpointOffloader | None"  # None: checkpoints stay where they are
+    lean_norms: int = 0  # RMSNorm modules swapped for the lean one (apply_plan)
+
+    def after_loss(self, hidden, context=None):
+        """Frees the loss's scratch (the workspace of `context`, else of the
+        default context of hidden's device) once the fused loss has run:
+        its chunks of logits are the largest scratch of the step, and the
+        backward that follows needs only the MLP's smaller tile."""
+        from .. import default_context
+
+        (context or default_context(hidden.device)).release_workspace()
 
 
 def parse_activation_memory(value):
@@ -67,33 +85,47 @@ def parse_activation_memory(value):
     return int(value)
 
 
-def scratch_budgets(config, activation_memory):
+def mlp_tile_bytes_per_token(config, dtype_bytes):
+    """What one token of an MLP tile takes in the backward (osftrt/mlp.h:
+    three intermediates of a gated MLP, and with a 16-bit dtype the fp32
+    sum of grad_x)."""
+    e = int(dtype_bytes)
+    return 3 * int(config.intermediate_size) * e + (4 * int(config.hidden_size) if e < 4 else 0)
+
+
+def scratch_budgets(config, activation_memory, dtype_bytes=4):
     """(loss memory_budget, MLP tile budget) in bytes for a budget (bytes or
-    "min"): a sixteenth of the budget each, at least the "min" scratch
-    (MIN_SCRATCH, and MIN_LOSS_ROWS rows of fp32 logits for the loss), at
-    most 1 GiB."""
+    "min") and the activations' dtype size: under "min" the least that keeps
+    the GEMMs efficient (MIN_LOSS_ROWS rows of fp32 logits, MIN_MLP_ROWS
+    tokens of MLP tile, each at least MIN_SCRATCH); under a budget a
+    sixteenth of it each, at least that, at most MAX_SCRATCH."""
     vp = (int(config.vocab_size) + 15) // 16 * 16
     loss_floor = max(MIN_SCRATCH, MIN_LOSS_ROWS * 4 * vp)
+    mlp_floor = max(MIN_SCRATCH, MIN_MLP_ROWS * mlp_tile_bytes_per_token(config, dtype_bytes))
     if activation_memory == "min":
-        return loss_floor, MIN_SCRATCH
+        return loss_floor, mlp_floor
     share = activation_memory // 16
-    return min(MAX_SCRATCH, max(loss_floor, share)), min(MAX_SCRATCH, max(MIN_SCRATCH, share))
+    return min(MAX_SCRATCH, max(loss_floor, share)), min(MAX_SCRATCH, max(mlp_floor, share))
 
 
 def floor_bytes_per_token(config, dtype_bytes):
-    """The activation bytes per token a step cannot go below with per-layer
-    checkpointing, from the shapes (the figure bench_long_context.py prints
-    and test_long_context.py holds a layer to):
+    """The activation bytes per token at the peak of a step with per-layer
+    checkpointing, from the shapes: what must be alive then, however the
+    ops are written (the figure bench_long_context.py prints the knob's
+    slope against):
 
     * ``checkpoints``: layers x hidden x dtype (each layer's input);
-    * ``layer``: one layer's working set while it is recomputed and
-      differentiated: what its ops save (the input norm's output, rotated q
-      and k, v, the attention output and its log-sum-exp, the post-attention
-      residual and its norm's output) and the gradients in flight (into and
-      out of the layer, and q's, k's and v's);
-    * ``loss``: the final norm's input, the loss input's gradient (held from
-      the fused forward to the backward), the token ids and labels and the
-      per-token statistics;
+    * ``layer``: the working set of the layer being differentiated, at the
+      larger of its two moments: (a) the MLP half's backward: the gradient
+      coming in, the attention inputs kept for later (the input norm's
+      output, rotated q and k, v, the attention output and its log-sum-exp),
+      the post-attention residual, and the MLP input's gradient with the
+      norm's gradient made from it; (b) the attention backward: the
+      residual's gradient (the incoming one summed in), the input norm's
+      output, q, k, v, the output and its gradient, and q's, k's and v's
+      gradients;
+    * ``shared``: what every layer reads for the whole step: the rotary
+      cos and sin (2 x head_dim x dtype) and the token ids and labels;
     * ``total``: their sum. Constant scratch (the loss's chunks, the MLP's
       tile, the weights' gradients) is not per token."""
     h = int(config.hidden_size)
@@ -104,11 +136,12 @@ def floor_bytes_per_token(config, dtype_bytes):
     layers = int(config.num_hidden_layers)
     b = int(dtype_bytes)
     checkpoints = layers * h * b
-    saved = (h + q + 2 * k + q + h + h) * b + heads * 4
-    grads = (2 * h + q + 2 * k) * b
-    layer = saved + grads
-    loss = 2 * h * b + 16 + 16
-    return {"checkpoints": checkpoints, "layer": layer, "loss": loss, "total": checkpoints + layer + loss,
+    attention_kept = h + q + 2 * k + q  # norm output, q, k, v, output
+    mlp_moment = h + attention_kept + h + 2 * h  # in, kept, residual, MLP input's and norm's gradients
+    attention_moment = h + attention_kept + q + (q + 2 * k)  # residual's gradient, kept, d out, dq dk dv
+    layer = max(mlp_moment, attention_moment) * b + heads * 4
+    shared = 2 * hd * b + 8 + 8
+    return {"checkpoints": checkpoints, "layer": layer, "shared": shared, "total": checkpoints + layer + shared,
             "checkpoint_per_layer": h * b}
 
 
@@ -261,23 +294,30 @@ def plan_long_context(model, activation_memory, offload=None):
     budget = parse_activation_memory(activation_memory)
     if budget is None:
         return None
-    loss, mlp = scratch_budgets(model.config, budget)
+    dtype_bytes = next(model.parameters()).element_size()
+    loss, mlp = scratch_budgets(model.config, budget, dtype_bytes)
     if offload is None:
         offload = torch.cuda.is_available()
     offloader = CheckpointOffloader() if offload else None
     return LongContextPlan(budget, loss, mlp, True, offloader)
 
 
-def apply_plan(model, plan):
-    """Turns on the plan's checkpointing (the budgets go to the loss and the
-    MLP through apply_osftrt); remembered for :func:`undo`."""
+def apply_plan(model, plan, family):
+    """Turns on the plan's checkpointing and the family's lean RMSNorm (the
+    budgets go to the loss and the MLP through apply_osftrt); remembered
+    for :func:`undo`."""
     if plan is None:
         return
     enable_checkpointing(model, plan.offloader)
+    if family.norm is not None:
+        plan.lean_norms = swap_classes(model, family.norm.__bases__[0], family.norm)
     model._osftrt_long_context = plan
 
 
-def undo(model):
-    """Checkpointing off again, if apply_plan turned it on."""
+def undo(model, family):
+    """Checkpointing off and the model's own RMSNorm back, if apply_plan
+    turned them on."""
     if model.__dict__.pop("_osftrt_long_context", None) is not None:
         disable_checkpointing(model)
+        if family.norm is not None:
+            swap_classes(model, family.norm, family.norm.__bases__[0])
