@@ -37,10 +37,15 @@ def _normed(x, r):
     return x.float() * r
 
 
-def _scaled(xhat, weight, offset, weight_first, dtype):
-    if weight_first:
-        return (weight + offset) * xhat.to(dtype) if offset else weight * xhat.to(dtype)
-    return (xhat * (weight.float() + offset)).to(dtype)
+def _scale_into(out, xhat, weight, offset, weight_first, dtype):
+    """out = the module's output rows from the normalized rows (fp32), in
+    the module's order of operations and roundings."""
+    if weight_first:  # weight * xhat.to(dtype), in the promoted dtype
+        torch.mul(weight + offset if offset else weight, xhat.to(dtype), out=out)
+    elif out.dtype == torch.float32:
+        torch.mul(xhat, weight.float() + offset, out=out)
+    else:  # (xhat * (offset + weight)) in fp32, then rounded
+        out.copy_(xhat * (weight.float() + offset))
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -49,15 +54,16 @@ class _RMSNorm(torch.autograd.Function):
         rows = x.reshape(-1, x.shape[-1])
         step = _chunk_rows(rows.shape[0])
         r = torch.empty(rows.shape[0], 1, dtype=torch.float32, device=x.device)
-        y = None
-        for lo in range(0, max(1, rows.shape[0]), step):  # once when empty: y gets its dtype
+        dtype = torch.promote_types(weight.dtype, x.dtype) if weight_first else x.dtype  # the module's output
+        y = torch.empty(rows.shape[0], rows.shape[1], dtype=dtype, device=x.device)
+        widened = x.dtype != torch.float32  # then each chunk's fp32 copy is ours to scale in place
+        for lo in range(0, rows.shape[0], step):
             xc = rows[lo:lo + step].float()
             rc = torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
-            yc = _scaled(xc * rc, weight, offset, weight_first, x.dtype)
-            if y is None:  # the output's dtype is the module's (weight times x may promote)
-                y = torch.empty(rows.shape[0], yc.shape[-1], dtype=yc.dtype, device=x.device)
-            y[lo:lo + step], r[lo:lo + step] = yc, rc
-            del xc, yc
+            xhat = xc.mul_(rc) if widened else xc * rc
+            _scale_into(y[lo:lo + step], xhat, weight, offset, weight_first, x.dtype)
+            r[lo:lo + step] = rc
+            del xc, xhat
         ctx.save_for_backward(x, weight, r)
         ctx.offset, ctx.weight_first = offset, weight_first
         return y.reshape(*x.shape[:-1], y.shape[-1])
@@ -70,16 +76,22 @@ class _RMSNorm(torch.autograd.Function):
         scale = (weight.float() + ctx.offset) if ctx.offset else weight.float()
         gx = torch.empty_like(rows) if ctx.needs_input_grad[0] else None
         gw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        # per chunk, three temporaries: xhat, gc * xhat (the weight's gradient
+        # terms, and times the scale the row dots as one GEMV), gc * scale
+        # (then gx in place)
         for lo in range(0, rows.shape[0], step):
             rc, gc = r[lo:lo + step], g[lo:lo + step].float()
             xhat = _normed(rows[lo:lo + step], rc)
+            prod = gc * xhat
             if gw is not None:  # the module's weight sees the (rounded, in Llama's form) normalized rows
-                seen = xhat.to(x.dtype).float() if ctx.weight_first else xhat
-                gw += (gc * seen).sum(0)
+                rounded = ctx.weight_first and x.dtype != torch.float32
+                gw += (gc * xhat.to(x.dtype).float()).sum(0) if rounded else prod.sum(0)
             if gx is not None:
+                dot = torch.mv(prod, scale).div_(xhat.shape[-1]).unsqueeze(-1)  # mean(gc * scale * xhat)
+                del prod
                 gxhat = gc * scale
-                dot = (gxhat * xhat).mean(-1, keepdim=True)
-                gx[lo:lo + step] = (rc * (gxhat - xhat * dot)).to(x.dtype)
+                gxhat.sub_(xhat.mul_(dot)).mul_(rc)
+                gx[lo:lo + step] = gxhat
         gx = gx.reshape(x.shape) if gx is not None else None
         return gx, (gw.to(weight.dtype) if gw is not None else None), None, None, None
 

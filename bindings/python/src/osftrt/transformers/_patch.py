@@ -112,6 +112,13 @@ def _fused_forward(self, base_forward, signature, *args, **kwargs):
     return out if return_dict else out.to_tuple()
 
 
+def _subclass(base, module_name, forward, base_forward):
+    """A subclass of `base` with the same name, defined in `module_name`
+    (so that copies and pickles find it), whose forward is `forward`."""
+    functools.update_wrapper(forward, base_forward)
+    return type(base.__name__, (base,), {"__module__": module_name, "__qualname__": base.__name__, "forward": forward})
+
+
 def fused_loss_class(base, module_name):
     """A subclass of the causal LM class `base` whose forward computes the loss
     with the fused linear cross-entropy when labels are given (and is
@@ -122,8 +129,7 @@ def fused_loss_class(base, module_name):
     def forward(self, *args, **kwargs):
         return _fused_forward(self, base_forward, signature, *args, **kwargs)
 
-    functools.update_wrapper(forward, base_forward)
-    return type(base.__name__, (base,), {"__module__": module_name, "__qualname__": base.__name__, "forward": forward})
+    return _subclass(base, module_name, forward, base_forward)
 
 
 def tiled_mlp_class(base, module_name):
@@ -134,8 +140,7 @@ def tiled_mlp_class(base, module_name):
     def forward(self, x):
         return tiled_mlp(self._osftrt_plan, x, self.gate_proj, self.up_proj, self.down_proj)
 
-    functools.update_wrapper(forward, base.forward)
-    return type(base.__name__, (base,), {"__module__": module_name, "__qualname__": base.__name__, "forward": forward})
+    return _subclass(base, module_name, forward, base.forward)
 
 
 def lean_norm_class(base, module_name, *, offset=0.0, weight_first=True, eps_attr="variance_epsilon"):
@@ -146,8 +151,7 @@ def lean_norm_class(base, module_name, *, offset=0.0, weight_first=True, eps_att
     def forward(self, x):
         return rms_norm(x, self.weight, getattr(self, eps_attr), offset=offset, weight_first=weight_first)
 
-    functools.update_wrapper(forward, base.forward)
-    return type(base.__name__, (base,), {"__module__": module_name, "__qualname__": base.__name__, "forward": forward})
+    return _subclass(base, module_name, forward, base.forward)
 
 
 def swap_classes(model, base, patched):
