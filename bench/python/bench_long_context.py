@@ -357,8 +357,9 @@ def main():
     ap.add_argument("--rank-ratio", type=float, default=0.5)
     ap.add_argument("--no-osft", action="store_true", help="cuda: full fine-tuning on the osftrt variants too")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=3, help="steps per child at the table's lengths (the times: "
-                    "their median; bisection probes and the per-layer runs take one)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per child at the table's lengths (the times: "
+                    "their median; bisection probes and the per-layer runs take one); default 3 on the CPU, 1 on "
+                    "a GPU (synchronized wall times vary less, and the prepared GPU call has minutes)")
     ap.add_argument("--child-timeout", type=float, default=1800)
     ap.add_argument("--out", default=None)
     ap.add_argument("--from-log", default=None, help="reuse the children's results printed in this earlier "
@@ -371,6 +372,7 @@ def main():
     args = ap.parse_args()
     cuda = args.device == "cuda"
     args.model = args.model or ("8b" if cuda else "tiny")
+    args.steps = args.steps or (1 if cuda else 3)
     args.lengths = args.lengths or ("4096,8192,16384" if cuda else "2048,4096,8192")
     if args.budget_mib is None:
         args.budget_mib = 40960 if cuda else 512
