@@ -84,6 +84,32 @@ def test_patched_loss_and_every_gradient_match_the_model(family, gen):
     _assert_grads_close(_grads(pat), _grads(ref))
 
 
+@pytest.mark.parametrize("family", ot.FAMILIES)
+def test_long_context_knob_matches_the_model_and_skips_only_unread_mlp_outputs(family, gen, monkeypatch):
+    """activation_memory="min" in every family: loss and gradients equal the
+    unpatched model's; the checkpoint's recompute computes the tiled MLP's
+    output only where a norm after the MLP reads it (Gemma 2, OLMo 2)."""
+    from osftrt import capi
+
+    ref = _model(family)
+    pat = copy.deepcopy(ref)
+    plan = ot.apply_osftrt(pat, activation_memory="min").long_context
+    skips = family not in ("gemma2", "olmo2")
+    assert plan.mlp_skipped_in_recompute == skips
+    calls = []
+    forward = capi.osft_mlp_forward
+    monkeypatch.setattr(capi, "osft_mlp_forward", lambda *a: calls.append(1) or forward(*a))
+    ids, mask, labels = _batch(gen)
+    want = ref(input_ids=ids, attention_mask=mask, labels=labels)
+    want.loss.backward()
+    got = pat(input_ids=ids, attention_mask=mask, labels=labels)
+    assert len(calls) == 2  # one per layer
+    got.loss.backward()
+    assert len(calls) == (2 if skips else 4)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+    _assert_grads_close(_grads(pat), _grads(ref))
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_num_items_in_batch_and_shift_labels(family, gen):
     ref = _model(family)

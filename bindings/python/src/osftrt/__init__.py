@@ -18,6 +18,7 @@ import threading as _threading
 from . import _openblas
 
 _openblas.choose_core()  # before the extension loads libosftrt and its BLAS
+_openblas.choose_thread_timeout()
 # No CUDA library loads here: libosftrt loads its CUDA module on the first
 # CUDA request, and osftrt.capi preloads PyTorch's copies of the libraries
 # the module needs just before that (osftrt/_cudalibs.py).

@@ -4,6 +4,9 @@ layers, and :func:`tiled_mlp` for modules that keep their own projections
 (the Hugging Face MLPs patched by ``osftrt.transformers``)."""
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
 import torch.nn as nn
 
@@ -20,7 +23,7 @@ from ._common import (
 )
 from .linear import OSFTLinear
 
-__all__ = ["TiledMLP", "TiledMLPPlan", "tiled_mlp"]
+__all__ = ["TiledMLP", "TiledMLPPlan", "tiled_mlp", "output_unused"]
 
 _VARIANTS = {
     "swiglu": (capi.OSFT_MLP_SWIGLU, True),
@@ -34,6 +37,23 @@ _VARIANTS = {
     "relu": (capi.OSFT_MLP_RELU, False),
 }
 _ROLES = ("gate", "up", "down")
+_unused = threading.local()
+
+
+@contextlib.contextmanager
+def output_unused():
+    """Within it (this thread), tiled MLPs return zeros instead of computing
+    their output, and keep for the backward what it needs (the input and
+    the weights), as always: for an activation checkpoint's recompute in
+    which nothing reads the MLP's output (a layer that adds it to the
+    residual and ends), so that the recompute does not repeat the tiles'
+    three GEMMs that the backward recomputes tile by tile anyway."""
+    before = getattr(_unused, "on", False)
+    _unused.on = True
+    try:
+        yield
+    finally:
+        _unused.on = before
 
 
 def _weight_of(p):
@@ -134,9 +154,11 @@ class _MLPFn(torch.autograd.Function):
     def forward(ctx, plan, projs, x, *params):
         follow_torch_stream(x, plan._context)
         xd = as_rows(x).detach()
-        h = plan.handle(projs, params, xd.dtype)
-        y = torch.empty_like(xd, memory_format=torch.contiguous_format)
-        capi.osft_mlp_forward(h, xd, y, plan.num_tiles)
+        if getattr(_unused, "on", False):
+            y = torch.zeros_like(xd, memory_format=torch.contiguous_format)
+        else:
+            y = torch.empty_like(xd, memory_format=torch.contiguous_format)
+            capi.osft_mlp_forward(plan.handle(projs, params, xd.dtype), xd, y, plan.num_tiles)
         ctx.plan, ctx.projs = plan, projs
         ctx.save_for_backward(xd, *params)
         return y

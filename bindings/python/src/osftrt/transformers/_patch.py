@@ -40,6 +40,9 @@ class Family:
     mlp: type  # the patched MLP class
     activation_attrs: tuple = ("hidden_act",)  # config attributes naming the MLP activation, first found wins
     norm: type = None  # the patched RMSNorm class (lean backward; used by activation_memory)
+    # the decoder layer adds the MLP's output to the residual and ends (no
+    # norm after the MLP): a checkpoint's recompute need not compute it
+    mlp_output_unsaved: bool = False
 
     def activation(self, config):
         for a in self.activation_attrs:

@@ -8,4 +8,5 @@ LlamaMLP = tiled_mlp_class(_hf.LlamaMLP, __name__)
 
 LlamaRMSNorm = lean_norm_class(_hf.LlamaRMSNorm, __name__)
 
-FAMILY = Family("llama", LlamaForCausalLM, LlamaMLP, activation_attrs=("hidden_act",), norm=LlamaRMSNorm)
+FAMILY = Family("llama", LlamaForCausalLM, LlamaMLP, activation_attrs=("hidden_act",), norm=LlamaRMSNorm,
+                mlp_output_unsaved=True)

@@ -15,6 +15,10 @@ about the floor:
   layers' inputs;
 * the fused cross-entropy's ``memory_budget`` and the tiled MLP's tile
   budget set to constants (no scratch that grows with the tokens);
+* in a checkpoint's recompute, the tiled MLP keeps its input but does not
+  compute its output where the family's layer only adds it to the
+  residual (its backward recomputes each tile anyway): the recompute
+  costs the attention half only;
 * the RMSNorms computed by :func:`osftrt.torch.rms_norm`, whose backward
   keeps only the input (kept anyway) and one float per token: Hugging
   Face's keeps the normalized rows too and makes full-size temporaries in
@@ -29,12 +33,15 @@ tokens.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import inspect
 import weakref
 
 import torch
 
+from ..torch.mlp import output_unused
 from ._patch import swap_classes
 
 MIN_ALIASES = ("min", "as long as possible")
@@ -61,6 +68,7 @@ class LongContextPlan:
     checkpointing: bool  # per-layer, keeping only the layer input
     offloader: "CheckpointOffloader | None"  # None: checkpoints stay where they are
     lean_norms: int = 0  # RMSNorm modules swapped for the lean one (apply_plan)
+    mlp_skipped_in_recompute: bool = False  # the recompute leaves the MLP's unread output uncomputed (apply_plan)
 
     def after_loss(self, hidden, context=None):
         """Frees the loss's scratch (the workspace of `context`, else of the
@@ -260,11 +268,25 @@ def _checkpointed_layers(model):
             and hasattr(m, "_gradient_checkpointing_func")]
 
 
-def enable_checkpointing(model, offloader=None):
+def _recompute_without_mlp_output():
+    """torch.utils.checkpoint's context_fn: nothing around the forward,
+    output_unused() around the recompute."""
+    return contextlib.nullcontext(), output_unused()
+
+
+def _checkpoint_takes_context_fn():
+    return "context_fn" in inspect.signature(torch.utils.checkpoint.checkpoint).parameters
+
+
+def enable_checkpointing(model, offloader=None, skip_mlp_in_recompute=False):
     """Hugging Face's per-layer activation checkpointing, non-reentrant (each
     layer keeps its input), with `offloader`'s checkpoint function on every
-    checkpointed layer when given. Returns the layers."""
+    checkpointed layer when given, and with skip_mlp_in_recompute the tiled
+    MLPs' outputs left uncomputed in the recompute (only for layers that
+    merely add that output to the residual). Returns the layers."""
     kwargs = {"use_reentrant": False}
+    if skip_mlp_in_recompute:
+        kwargs["context_fn"] = _recompute_without_mlp_output
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:
         enable(activation_checkpointing_kwargs=kwargs)
@@ -273,7 +295,7 @@ def enable_checkpointing(model, offloader=None):
     layers = _checkpointed_layers(model)
     if offloader is not None:
         for m in layers:
-            m._gradient_checkpointing_func = functools.partial(offloader.checkpoint, use_reentrant=False)
+            m._gradient_checkpointing_func = functools.partial(offloader.checkpoint, **kwargs)
     return layers
 
 
@@ -303,12 +325,14 @@ def plan_long_context(model, activation_memory, offload=None):
 
 
 def apply_plan(model, plan, family):
-    """Turns on the plan's checkpointing and the family's lean RMSNorm (the
+    """Turns on the plan's checkpointing (its recompute without the MLP's
+    output where the family allows) and the family's lean RMSNorm (the
     budgets go to the loss and the MLP through apply_osftrt); remembered
     for :func:`undo`."""
     if plan is None:
         return
-    enable_checkpointing(model, plan.offloader)
+    plan.mlp_skipped_in_recompute = family.mlp_output_unsaved and _checkpoint_takes_context_fn()
+    enable_checkpointing(model, plan.offloader, plan.mlp_skipped_in_recompute)
     if family.norm is not None:
         plan.lean_norms = swap_classes(model, family.norm.__bases__[0], family.norm)
     model._osftrt_long_context = plan

@@ -8,4 +8,5 @@ MistralMLP = tiled_mlp_class(_hf.MistralMLP, __name__)
 
 MistralRMSNorm = lean_norm_class(_hf.MistralRMSNorm, __name__)
 
-FAMILY = Family("mistral", MistralForCausalLM, MistralMLP, activation_attrs=("hidden_act",), norm=MistralRMSNorm)
+FAMILY = Family("mistral", MistralForCausalLM, MistralMLP, activation_attrs=("hidden_act",), norm=MistralRMSNorm,
+                mlp_output_unsaved=True)

@@ -8,4 +8,5 @@ Qwen2MLP = tiled_mlp_class(_hf.Qwen2MLP, __name__)
 
 Qwen2RMSNorm = lean_norm_class(_hf.Qwen2RMSNorm, __name__)
 
-FAMILY = Family("qwen2", Qwen2ForCausalLM, Qwen2MLP, activation_attrs=("hidden_act",), norm=Qwen2RMSNorm)
+FAMILY = Family("qwen2", Qwen2ForCausalLM, Qwen2MLP, activation_attrs=("hidden_act",), norm=Qwen2RMSNorm,
+                mlp_output_unsaved=True)

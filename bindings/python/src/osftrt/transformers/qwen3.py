@@ -8,4 +8,5 @@ Qwen3MLP = tiled_mlp_class(_hf.Qwen3MLP, __name__)
 
 Qwen3RMSNorm = lean_norm_class(_hf.Qwen3RMSNorm, __name__)
 
-FAMILY = Family("qwen3", Qwen3ForCausalLM, Qwen3MLP, activation_attrs=("hidden_act",), norm=Qwen3RMSNorm)
+FAMILY = Family("qwen3", Qwen3ForCausalLM, Qwen3MLP, activation_attrs=("hidden_act",), norm=Qwen3RMSNorm,
+                mlp_output_unsaved=True)
