@@ -527,6 +527,18 @@ def _loss_agreement(rows, x, y, tol):
         x, y, d[0], d[1], tol, "agree" if max(d) <= tol else "DIFFER")
 
 
+def _gomp_spincount(a):
+    if a.gomp_spincount == "default":
+        return None
+    if a.gomp_spincount == "osftrt":
+        try:
+            from osftrt import _openblas
+        except ImportError:  # a parent without the package (the GPU call's): the children's own import decides
+            return None
+        return _openblas.OMP_SPIN
+    return str(int(a.gomp_spincount))
+
+
 def table(rows, a, cmd):
     cuda = a.device == "cuda"
     tok = a.batch * a.seq
@@ -548,6 +560,9 @@ def table(rows, a, cmd):
                                               "steps" if cuda else "resident set above the one before the steps"),
         "- %d micro-batch(es) of %d tokens per optimizer step (gradient accumulation); step ms and GFLOP are per "
         "optimizer step" % (a.micro_batches, tok),
+        "- threads: GOMP_SPINCOUNT=%s (PyTorch's OpenMP workers' spin), OPENBLAS_THREAD_TIMEOUT=%s (osftrt's "
+        "BLAS), the same for every variant" % (os.environ.get("GOMP_SPINCOUNT", _gomp_spincount(a) or "unset"),
+                                               os.environ.get("OPENBLAS_THREAD_TIMEOUT", "16 (set by import osftrt)")),
         "- command: `python bench/python/bench_hf_step.py %s`" % " ".join(cmd),
         "",
         "| variant | trainable | step ms (min) | tokens/s | peak %s | first loss | last loss | orthogonality |" % unit,
@@ -622,6 +637,9 @@ def parse(argv):
     p.add_argument("--threads", type=int, default=2, help="CPU threads (--device cpu)")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
     p.add_argument("--profile", action="store_true", help="time one more step per phase")
+    p.add_argument("--gomp-spincount", default="osftrt", help="GOMP_SPINCOUNT of every variant's process (PyTorch's "
+                   "OpenMP workers' spin): 'osftrt' (default) what import osftrt before torch sets, 'default' "
+                   "libgomp's own (300000), or a number; the caller's environment wins")
     p.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--out", help="write the table (Markdown) here too")
     a = p.parse_args(argv)
@@ -652,6 +670,9 @@ def main(argv=None):
     for v in a.variant_list:
         cmd = [sys.executable, os.path.abspath(__file__), "--variant", v] + argv
         env = dict(os.environ, OPENBLAS_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
+        spin = _gomp_spincount(a)
+        if spin is not None:
+            env.setdefault("GOMP_SPINCOUNT", spin)
         env.setdefault("TRANSFORMERS_VERBOSITY", "error")
         t = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -5,6 +5,7 @@
  * of columns at a time through the vector rows of osft::simd (fp32 math;
  * fp64 only where an end is fp64, and for the sums). */
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <cmath>
@@ -503,26 +504,44 @@ bool cpu_all_finite(Context &, const Mat &a) {
   return finite;
 }
 
-/* Order-independent sum of mixed (index, word) pairs: any single changed
- * element changes the result. */
+/* Order-independent sum over the matrix's 8-byte words (a row's last one
+ * zero-padded) of mix(word ^ index * golden), index the word's position:
+ * mix is a bijection, so any single changed element changes the result.
+ * It runs at every call of a layer that keeps its dense W (the check that
+ * the trainable factors are unchanged): one mix per word, the rows split
+ * over the threads. */
 uint64_t cpu_fingerprint(Context &, const Mat &a) {
+  constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ull;
   auto mix = [](uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
   };
-  const size_t row_bytes = static_cast<size_t>(a.cols) * osfti_dtype_size(a.dtype);
-  const size_t stride = static_cast<size_t>(a.ld) * osfti_dtype_size(a.dtype);
-  uint64_t h = 0, index = 0;
-  for (int64_t i = 0; i < a.rows; ++i) {
-    const auto *row = static_cast<const unsigned char *>(a.data) + i * stride;
-    for (size_t off = 0; off < row_bytes; off += 8, ++index) {
-      uint64_t word = 0;
-      std::memcpy(&word, row + off, std::min<size_t>(8, row_bytes - off));
-      h += mix(word ^ mix(index + 0x9e3779b97f4a7c15ull));
+  const size_t esize = osfti_dtype_size(a.dtype);
+  const size_t row_bytes = static_cast<size_t>(a.cols) * esize;
+  const size_t stride = static_cast<size_t>(a.ld) * esize;
+  const uint64_t row_words = (row_bytes + 7) / 8;
+  std::atomic<uint64_t> total{0};
+  parallel_rows(a.rows, a.cols, [&](int64_t begin, int64_t end) {
+    uint64_t h = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      const auto *row = static_cast<const unsigned char *>(a.data) + i * stride;
+      uint64_t index = static_cast<uint64_t>(i) * row_words;
+      size_t off = 0;
+      for (; off + 8 <= row_bytes; off += 8, ++index) {
+        uint64_t word;
+        std::memcpy(&word, row + off, 8);
+        h += mix(word ^ index * kGolden);
+      }
+      if (off < row_bytes) {
+        uint64_t word = 0;
+        std::memcpy(&word, row + off, row_bytes - off);
+        h += mix(word ^ index * kGolden);
+      }
     }
-  }
-  return h;
+    total.fetch_add(h, std::memory_order_relaxed);
+  });
+  return total.load(std::memory_order_relaxed);
 }
 
 /* LAPACK is column-major: the row-major m x n matrix A is, read as stored,

@@ -64,11 +64,14 @@ static ref_layer ref_of(osft_flinear_t layer, const DLTensor *views) {
 /* y = forward(x) against the reference of the layer's current factors. */
 static void expect_forward(osft_flinear_t layer, const DLTensor *views, tt *x,
                            const char *what) {
-  tt *y = mat(TT_F32, M, N);
+  const int64_t m = x->t.shape[0];
+  int64_t n;
+  assert_ok(osft_flinear_get_dims(layer, &n, NULL, NULL, NULL));
+  tt *y = mat(TT_F32, m, n);
   tt_poison(y);
   assert_ok(osft_flinear_forward(layer, &x->t, NULL, &y->t));
   ref_layer R = ref_of(layer, views);
-  double *xd = tt_get(x), *yr = ref_forward(&R, xd, NULL, M);
+  double *xd = tt_get(x), *yr = ref_forward(&R, xd, NULL, m);
   expect_close(what, y, yr, 2e-4);
   free(xd);
   free(yr);
@@ -225,6 +228,61 @@ static void test_caller_factors_reported(void **state) {
   for (int i = 0; i < 6; ++i) tt_free(f[i]);
 }
 
+/* Nothing reported: one element of U_low or V_low changed anywhere (the
+ * first, one in each thread's share of the rows, the last, a row's odd
+ * last element) is seen by the fingerprint of a layer large enough that
+ * the fingerprint is split over threads; on a device without fingerprints
+ * W is rebuilt at every call. Either way the forward follows. */
+static void test_one_unreported_element_changed_anywhere_is_seen(void **state) {
+  test_seed("one element anywhere");
+  enum { BN = 700, BK = 401, BR = 200 };
+  const int64_t bl = BK - BR; /* U_low 700 x 201: two threads' worth of rows */
+  const int64_t shapes[6][2] = {{BN, BR}, {BR, 1}, {BR, BK}, {BN, bl}, {bl, 1}, {bl, BK}};
+  tt *f[6];
+  for (int i = 0; i < 6; ++i) {
+    f[i] = shapes[i][1] == 1 ? vec(TT_F32, shapes[i][0])
+                             : mat(TT_F32, shapes[i][0], shapes[i][1]);
+    tt_random(f[i], -1, 1);
+  }
+  osft_flinear_factors_t fs;
+  assert_ok(OSFT_FLINEAR_FACTORS_INIT(&fs));
+  fs.u_high = &f[0]->t;
+  fs.s_high = &f[1]->t;
+  fs.v_high = &f[2]->t;
+  fs.u_low = &f[3]->t;
+  fs.s_low = &f[4]->t;
+  fs.v_low = &f[5]->t;
+  osft_flinear_options_t o;
+  assert_ok(OSFT_FLINEAR_OPTIONS_INIT(&o));
+  o.strategy = OSFT_FLINEAR_DENSE; /* the kept W is what a missed change leaves stale */
+  osft_flinear_t layer;
+  assert_ok(osft_flinear_create_from_factors(CTX, &fs, &o, &layer));
+  tt *x = mat(TT_F32, 4, BK);
+  tt_random(x, -1, 1);
+  DLTensor all[6];
+  for (int i = 0; i < 6; ++i) all[i] = f[i]->t;
+  expect_forward(layer, all, x, "before any change");
+  const struct {
+    int factor;
+    int64_t index;
+  } at[] = {{3, 0},      {3, (BN / 2 + 3) * bl + 7}, {3, BN * bl - 1},
+            {5, BK - 1}, {5, bl * BK - 1},           {5, 57 * BK + 200}};
+  for (size_t c = 0; c < sizeof at / sizeof at[0]; ++c) {
+    double *v = tt_read_view(&f[at[c].factor]->t);
+    v[at[c].index] += 0.25;
+    tt_write_view(&f[at[c].factor]->t, v);
+    free(v);
+    char what[96];
+    snprintf(what, sizeof what, "after factor %d element %lld changed, unreported",
+             at[c].factor, (long long)at[c].index);
+    expect_forward(layer, all, x, what);
+  }
+  if (tt_device() == OSFT_DEVICE_CPU) assert_int_equal(info_of(layer).weight_kept, 1);
+  tt_free(x);
+  assert_ok(osft_flinear_destroy(layer));
+  for (int i = 0; i < 6; ++i) tt_free(f[i]);
+}
+
 static void test_info_and_options_refusals(void **state) {
   tt *w = mat(TT_F32, N, KIN);
   tt_random(w, -1, 1);
@@ -254,6 +312,8 @@ int main(void) {
                                       tt_teardown),
       cmocka_unit_test_setup_teardown(test_caller_factors_reported, tt_setup,
                                       tt_teardown),
+      cmocka_unit_test_setup_teardown(
+          test_one_unreported_element_changed_anywhere_is_seen, tt_setup, tt_teardown),
       cmocka_unit_test_setup_teardown(test_info_and_options_refusals, tt_setup,
                                       tt_teardown),
   };

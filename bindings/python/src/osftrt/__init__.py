@@ -19,6 +19,7 @@ from . import _openblas
 
 _openblas.choose_core()  # before the extension loads libosftrt and its BLAS
 _openblas.choose_thread_timeout()
+_openblas.choose_omp_spin()  # before PyTorch loads its OpenMP, where it has not yet
 # No CUDA library loads here: libosftrt loads its CUDA module on the first
 # CUDA request, and osftrt.capi preloads PyTorch's copies of the libraries
 # the module needs just before that (osftrt/_cudalibs.py).

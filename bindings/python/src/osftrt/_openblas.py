@@ -1,5 +1,7 @@
-"""OpenBLAS's settings that must be made before libosftrt loads it: the
-kernels on recent Intel Xeons, and how long its idle threads spin.
+"""The thread and kernel settings that must be made before the libraries
+that read them load: OpenBLAS's kernels on recent Intel Xeons and how long
+its idle threads spin (read when libosftrt loads OpenBLAS), and how long
+GNU OpenMP's idle threads spin (read when PyTorch loads its libgomp).
 
 OpenBLAS reads both from the environment once, when it loads; other
 processes started from this one inherit them, as they would values the
@@ -27,6 +29,19 @@ loss took 2-4x their time, and the long-context step at 2048 tokens 1.12x;
 bench/results/long_context_cpu.md). OPENBLAS_THREAD_TIMEOUT=16 (2^16
 cycles, some 20 microseconds) lets them sleep at once; a call wakes them
 again in microseconds, against GEMMs of milliseconds.
+
+PyTorch's idle threads (:func:`choose_omp_spin`). The other way round:
+PyTorch's OpenMP workers (GNU libgomp) busy-wait 300000 spins (some 5 ms on
+AMD Zen 4) after each parallel op, and a library call that follows runs its
+two OpenBLAS threads beside a spinning one. On 2 cores an OSFT layer's
+forward and backward took 1.9x their time after a PyTorch op (21.0 against
+11.1 ms at 1024 x 512 x 512), and the OSFT step of the small Llama of
+bench/results/hf_step_cpu.md 1.2-1.3x full fine-tuning's instead of
+0.99-1.1x. GOMP_SPINCOUNT=10000 (some 0.2 ms) keeps PyTorch's own speed
+(full fine-tuning's step within noise). libgomp reads it when it loads,
+i.e. at ``import torch``: so only when no libgomp is loaded yet (osftrt
+imported before torch) and the caller set neither GOMP_SPINCOUNT nor
+OMP_WAIT_POLICY; otherwise set it in the environment that starts Python.
 """
 from __future__ import annotations
 
@@ -34,6 +49,7 @@ import os
 
 _AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
 THREAD_TIMEOUT = "16"  # log2 of the cycles OpenBLAS's idle workers spin
+OMP_SPIN = "10000"  # spins of an idle GNU OpenMP worker before it sleeps
 
 
 def _cpu():
@@ -53,12 +69,20 @@ def _cpu():
     return vendor, flags
 
 
-def _openblas_loaded():
+def _loaded(name):
     try:
         with open("/proc/self/maps") as f:
-            return any("libopenblas" in line for line in f)
+            return any(name in line for line in f)
     except OSError:
-        return True  # cannot tell: leave OpenBLAS alone
+        return True  # cannot tell: leave the library alone
+
+
+def _openblas_loaded():
+    return _loaded("libopenblas")
+
+
+def _libgomp_loaded():
+    return _loaded("libgomp")
 
 
 def choose_core(environ=os.environ):
@@ -79,3 +103,11 @@ def choose_thread_timeout(environ=os.environ):
         return None
     environ["OPENBLAS_THREAD_TIMEOUT"] = THREAD_TIMEOUT
     return THREAD_TIMEOUT
+
+
+def choose_omp_spin(environ=os.environ):
+    """Sets GOMP_SPINCOUNT by the rule above; returns what it set, or None."""
+    if "GOMP_SPINCOUNT" in environ or "OMP_WAIT_POLICY" in environ or _libgomp_loaded():
+        return None
+    environ["GOMP_SPINCOUNT"] = OMP_SPIN
+    return OMP_SPIN
