@@ -183,13 +183,12 @@ static void test_kept_weight_follows_the_factors(void **state) {
       }
 }
 
-/* Caller-owned factors (a framework's parameters): the caller writes its
- * own memory and reports the step; the forward follows. */
-static void test_caller_factors_reported(void **state) {
-  test_seed("caller reported");
-  const int64_t r = 12, l = 4;
-  const int64_t shapes[6][2] = {{N, r}, {r, 1}, {r, KIN}, {N, l}, {l, 1}, {l, KIN}};
-  tt *f[6];
+/* Random caller-owned factors of an n x kin layer (high rank r, low rank
+ * l) in f[6] (U, S, V^T high, then low; the caller frees them), and the
+ * struct that lends them to osft_flinear_create_from_factors. */
+static osft_flinear_factors_t caller_factors(int64_t n, int64_t kin, int64_t r, int64_t l,
+                                             tt *f[6]) {
+  const int64_t shapes[6][2] = {{n, r}, {r, 1}, {r, kin}, {n, l}, {l, 1}, {l, kin}};
   for (int i = 0; i < 6; ++i) {
     f[i] = shapes[i][1] == 1 ? vec(TT_F32, shapes[i][0])
                              : mat(TT_F32, shapes[i][0], shapes[i][1]);
@@ -203,6 +202,16 @@ static void test_caller_factors_reported(void **state) {
   fs.u_low = &f[3]->t;
   fs.s_low = &f[4]->t;
   fs.v_low = &f[5]->t;
+  return fs;
+}
+
+/* Caller-owned factors (a framework's parameters): the caller writes its
+ * own memory and reports the step; the forward follows. */
+static void test_caller_factors_reported(void **state) {
+  test_seed("caller reported");
+  const int64_t r = 12, l = 4;
+  tt *f[6];
+  osft_flinear_factors_t fs = caller_factors(N, KIN, r, l, f);
   for (int fp = 0; fp < 2; ++fp) {
     osft_flinear_options_t o;
     assert_ok(OSFT_FLINEAR_OPTIONS_INIT(&o));
@@ -237,21 +246,8 @@ static void test_one_unreported_element_changed_anywhere_is_seen(void **state) {
   test_seed("one element anywhere");
   enum { BN = 700, BK = 401, BR = 200 };
   const int64_t bl = BK - BR; /* U_low 700 x 201: two threads' worth of rows */
-  const int64_t shapes[6][2] = {{BN, BR}, {BR, 1}, {BR, BK}, {BN, bl}, {bl, 1}, {bl, BK}};
   tt *f[6];
-  for (int i = 0; i < 6; ++i) {
-    f[i] = shapes[i][1] == 1 ? vec(TT_F32, shapes[i][0])
-                             : mat(TT_F32, shapes[i][0], shapes[i][1]);
-    tt_random(f[i], -1, 1);
-  }
-  osft_flinear_factors_t fs;
-  assert_ok(OSFT_FLINEAR_FACTORS_INIT(&fs));
-  fs.u_high = &f[0]->t;
-  fs.s_high = &f[1]->t;
-  fs.v_high = &f[2]->t;
-  fs.u_low = &f[3]->t;
-  fs.s_low = &f[4]->t;
-  fs.v_low = &f[5]->t;
+  osft_flinear_factors_t fs = caller_factors(BN, BK, BR, bl, f);
   osft_flinear_options_t o;
   assert_ok(OSFT_FLINEAR_OPTIONS_INIT(&o));
   o.strategy = OSFT_FLINEAR_DENSE; /* the kept W is what a missed change leaves stale */
