@@ -528,6 +528,11 @@ def _loss_agreement(rows, x, y, tol):
 
 
 def _gomp_spincount(a):
+    """The GOMP_SPINCOUNT every variant's process gets: the caller's, else
+    --gomp-spincount's (None: libgomp's own default). Decided once, before
+    the parent imports osftrt (whose import sets it in this process)."""
+    if "GOMP_SPINCOUNT" in os.environ:
+        return os.environ["GOMP_SPINCOUNT"]
     if a.gomp_spincount == "default":
         return None
     if a.gomp_spincount == "osftrt":
@@ -561,7 +566,7 @@ def table(rows, a, cmd):
         "- %d micro-batch(es) of %d tokens per optimizer step (gradient accumulation); step ms and GFLOP are per "
         "optimizer step" % (a.micro_batches, tok),
         "- threads: GOMP_SPINCOUNT=%s (PyTorch's OpenMP workers' spin), OPENBLAS_THREAD_TIMEOUT=%s (osftrt's "
-        "BLAS), the same for every variant" % (os.environ.get("GOMP_SPINCOUNT", _gomp_spincount(a) or "unset"),
+        "BLAS), the same for every variant" % (a.spin or "unset (libgomp's default)",
                                                os.environ.get("OPENBLAS_THREAD_TIMEOUT", "16 (set by import osftrt)")),
         "- command: `python bench/python/bench_hf_step.py %s`" % " ".join(cmd),
         "",
@@ -667,12 +672,13 @@ def main(argv=None):
         print("RESULT " + json.dumps(res), flush=True)
         return finish_process(0)
     rows = {}
+    a.spin = _gomp_spincount(a)
     for v in a.variant_list:
         cmd = [sys.executable, os.path.abspath(__file__), "--variant", v] + argv
         env = dict(os.environ, OPENBLAS_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
-        spin = _gomp_spincount(a)
-        if spin is not None:
-            env.setdefault("GOMP_SPINCOUNT", spin)
+        env.pop("GOMP_SPINCOUNT", None)
+        if a.spin is not None:
+            env["GOMP_SPINCOUNT"] = a.spin
         env.setdefault("TRANSFORMERS_VERBOSITY", "error")
         t = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -3,10 +3,10 @@ that read them load: OpenBLAS's kernels on recent Intel Xeons and how long
 its idle threads spin (read when libosftrt loads OpenBLAS), and how long
 GNU OpenMP's idle threads spin (read when PyTorch loads its libgomp).
 
-OpenBLAS reads both from the environment once, when it loads; other
-processes started from this one inherit them, as they would values the
-caller set. Neither is touched when the caller has set it or when an
-OpenBLAS is already loaded in this process.
+Each library reads its settings from the environment once, when it loads;
+other processes started from this one inherit them, as they would values
+the caller set. None is touched when the caller has set it or when the
+library that reads it is already loaded in this process.
 
 Kernels (:func:`choose_core`).
 
