@@ -48,6 +48,19 @@
  * and otherwise rebuilds W at every call. So an optimizer may update the
  * trainable factors in place at any time under the default.
  *
+ * Memory: the kept W is N x K fp32, the frozen cache another N x K fp32,
+ * except where W is kept and the trainable part is small,
+ * 2*l*(N+K) <= N*K (a square layer: frozen ratio 0.75 and above): there no
+ * frozen cache is held; W follows a change of the factors by the change of
+ * its low product (W -= the previous U_low diag(S_low) V_low, kept as a
+ * copy of its operands, l*(N+K) values; W += the current one: 4*N*K*l
+ * flops instead of 2*N*K*l) and is built in full again every 64 such
+ * updates, so that their roundings do not accumulate. The layer then holds
+ * N*K + l*(N+K) values instead of 2*N*K; osft_flinear_info_t counts each
+ * full build in frozen_builds and each update in rebuilds. Memory the
+ * layer keeps comes from the context's allocator and shows in
+ * osft_context_get_memory_stats().
+ *
  * @par Precision
  * Factors are fp32 or bf16 (all six of one dtype); activations x,
  * y, grad_y, grad_x are fp32 or bf16 (one dtype per call, the "compute
@@ -126,7 +139,7 @@ typedef struct osft_flinear_s *osft_flinear_t;
 typedef enum osft_flinear_strategy_e {
   OSFT_FLINEAR_AUTO = 0,       /**< the cost model decides per call */
   OSFT_FLINEAR_FACTORIZED = 1, /**< GEMMs on the factors */
-  OSFT_FLINEAR_DENSE = 2,      /**< cached frozen product + rebuilt low part */
+  OSFT_FLINEAR_DENSE = 2,      /**< dense W: frozen product + low part (Memory, above) */
   /** The forward and grad_x as OSFT_FLINEAR_DENSE (on the dense W), the
    * trainable factors' gradients from the factors as
    * OSFT_FLINEAR_FACTORIZED (g U_low, x V_low^T, then the products with g
@@ -588,7 +601,9 @@ typedef struct osft_flinear_info_s {
    * hybrid strategies' O(N*K*l) GEMM), kept or into scratch. */
   uint64_t rebuilds;
   /** Builds of the frozen product U_high diag(S_high) V_high (once, and
-   * again after osft_flinear_refresh() or osft_flinear_redecompose()). */
+   * again after osft_flinear_refresh() or osft_flinear_redecompose(); a
+   * layer that updates its kept W in place, see "Memory" above: at each
+   * full build of W, every 65th rebuild). */
   uint64_t frozen_builds;
   /** Reports of a change of the trainable factors so far
    * (osft_flinear_mark_updated(), views of trainable factors). */

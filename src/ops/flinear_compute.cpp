@@ -174,6 +174,19 @@ uint64_t weight_key(Layer &l) {
   return h;
 }
 
+/* w = the frozen product: the cached one, or, for a layer that keeps no
+ * cache (updates_in_place), the product itself. */
+void put_frozen(Layer &l, const Mat &w, const ScratchPlan &plan,
+                const DenseSlots &slots) {
+  if (!updates_in_place(l)) {
+    const Mat cache = high_cache(l, plan, slots);
+    return backend(*l.ctx).scale_into(*l.ctx, Axis::cols, cache, nullptr, 0.0f, w);
+  }
+  const FactorViews f = factor_views(l);
+  add_product(l, f.u_high, f.s_high, f.v_high, 0.0f, w, plan, slots);
+  ++l.frozen_builds;
+}
+
 /* build_dense, with the low part's product on bf16 operands where us16 (an
  * n x l bf16 slot for U_low diag(S_low)) is planned: the per-step rebuild
  * then runs on the engine's bf16 GEMM (fp32 accumulation into W). */
@@ -183,12 +196,55 @@ void build_step_dense(Layer &l, const Mat &w, const ScratchPlan &plan,
   if (us16 < 0) return build_dense(l, w, plan, slots);
   Context &ctx = *l.ctx;
   const Backend &be = backend(ctx);
-  const Mat cache = high_cache(l, plan, slots);
-  be.scale_into(ctx, Axis::cols, cache, nullptr, 0.0f, w);
+  put_frozen(l, w, plan, slots);
   const FactorViews f = factor_views(l);
   const Mat us = plan.mat(us16);
   be.scale_into(ctx, Axis::cols, f.u_low, &f.s_low, 0.0f, us);
   be.gemm(ctx, Op::N, us, Op::N, f.v_low, 1.0f, 1.0f, w);
+}
+
+/* The snapshot of the low product's operands (updates_in_place): U_low
+ * diag(S_low), n x l, and V_low, l x kin, in `dtype`. */
+struct LowOperands {
+  Mat us, v;
+};
+
+LowOperands low_operands(const Layer &l, osfti_dtype_t dtype) {
+  char *base = static_cast<char *>(l.w_low);
+  const size_t us_bytes = static_cast<size_t>(l.n * l.l) * osfti_dtype_size(dtype);
+  return {Mat{base, l.n, l.l, l.l, dtype},
+          Mat{base + us_bytes, l.l, l.kin, l.kin, dtype}};
+}
+
+/* A kept W (which holds the low product of the snapshot where `holds`)
+ * brought to the current factors: W -= the snapshot's product, then W +=
+ * the current one, whose operands become the snapshot. 4*n*kin*l flops
+ * instead of a rebuild's 2*n*kin*l, and no n x kin frozen cache. Built in
+ * full instead where W holds no known product, and every
+ * kUpdatesBetweenBuilds updates (each adds a rounding of W's elements). */
+void update_in_place(Layer &l, const Mat &w, bool holds, const ScratchPlan &plan,
+                     const DenseSlots &slots, int us16) {
+  Context &ctx = *l.ctx;
+  const Backend &be = backend(ctx);
+  ++l.rebuilds;
+  if (l.w_low == nullptr)
+    l.w_low = memory_alloc(ctx, low_snapshot_bytes(l), "flinear low-product snapshot");
+  if (holds && l.w_low_valid && l.w_updates < kUpdatesBetweenBuilds) {
+    const LowOperands old = low_operands(l, l.w_low_dtype);
+    be.gemm(ctx, Op::N, old.us, Op::N, old.v, -1.0f, 1.0f, w);
+    ++l.w_updates;
+  } else {
+    put_frozen(l, w, plan, slots);
+    l.w_updates = 0;
+  }
+  l.w_low_valid = false; /* invalid until taken */
+  l.w_low_dtype = us16 >= 0 ? OSFTI_BF16 : OSFTI_F32;
+  const LowOperands now = low_operands(l, l.w_low_dtype);
+  const FactorViews f = factor_views(l);
+  be.scale_into(ctx, Axis::cols, f.u_low, &f.s_low, 0.0f, now.us);
+  be.scale_into(ctx, Axis::cols, f.v_low, nullptr, 0.0f, now.v);
+  be.gemm(ctx, Op::N, now.us, Op::N, now.v, 1.0f, 1.0f, w);
+  l.w_low_valid = true;
 }
 
 /* The current dense weight W kept by the layer between calls, rebuilt only
@@ -204,8 +260,12 @@ Mat current_weight(Layer &l, uint64_t key, const ScratchPlan &plan,
     fresh.data = memory_alloc(*l.ctx, static_cast<size_t>(l.n * l.kin) * sizeof(float),
                               "flinear current-weight cache");
   l.w_cur = fresh.data;
-  l.w_cur_valid = false; /* invalid until rebuilt */
-  build_step_dense(l, fresh, plan, slots, us16);
+  const bool holds = l.w_cur_valid; /* W still holds the last build's product */
+  l.w_cur_valid = false;            /* invalid until rebuilt */
+  if (updates_in_place(l))
+    update_in_place(l, fresh, holds, plan, slots, us16);
+  else
+    build_step_dense(l, fresh, plan, slots, us16);
   l.w_cur_key = key;
   l.w_cur_valid = true;
   return fresh;
@@ -467,8 +527,7 @@ DenseSlots plan_dense(const Layer &l, ScratchPlan &plan) {
 
 void build_dense(Layer &l, const Mat &w, const ScratchPlan &plan,
                  const DenseSlots &slots) {
-  const Mat cache = high_cache(l, plan, slots);
-  backend(*l.ctx).scale_into(*l.ctx, Axis::cols, cache, nullptr, 0.0f, w);
+  put_frozen(l, w, plan, slots);
   const FactorViews f = factor_views(l);
   add_product(l, f.u_low, f.s_low, f.v_low, 1.0f, w, plan, slots);
 }

@@ -364,7 +364,9 @@ void refresh(Layer &layer) noexcept {
     memory_free(*layer.ctx, *cache, bytes);
     *cache = nullptr;
   }
-  layer.w_cur_valid = false;
+  memory_free(*layer.ctx, layer.w_low, low_snapshot_bytes(layer));
+  layer.w_low = nullptr;
+  layer.w_cur_valid = layer.w_low_valid = false;
 }
 
 }  // namespace osft

@@ -37,6 +37,14 @@ struct osft_flinear_s {
   void *w_cur = nullptr;
   bool w_cur_valid = false;
   uint64_t w_cur_key = 0;
+  /* Where the layer updates its kept W in place (updates_in_place()): the
+   * operands of the low product W holds, U_low diag(S_low) (n x l) then
+   * V_low (l x kin), in w_low_dtype (fp32-sized buffer), and how many
+   * updates W has had since it was last built in full. No w_high then. */
+  void *w_low = nullptr;
+  osfti_dtype_t w_low_dtype = OSFTI_F32;
+  bool w_low_valid = false;
+  int w_updates = 0;
   /* OSFT_FLINEAR_UPDATES_REPORTED: the caller reports changes of the
    * trainable factors, counted in trainable_version. */
   bool updates_reported = false;
@@ -93,6 +101,18 @@ PlanShape plan_shape(const Layer &layer);
 /* Whether the layer keeps its rebuilt W between calls: the backend
  * fingerprints the trainable factors, or the caller reports changes. */
 bool weight_kept(const Layer &layer);
+/* Whether a kept W follows a change of the trainable factors by adding the
+ * change of the low product (a snapshot of its operands, l*(n+kin) values)
+ * rather than by a rebuild over the cached frozen product (n*kin values):
+ * where the snapshot is at most half that cache. */
+bool updates_in_place(const Layer &layer);
+/* The updates in place between two full builds of a kept W, which bound the
+ * rounding the updates accumulate. */
+constexpr int kUpdatesBetweenBuilds = 64;
+/* The bytes of that snapshot's buffer (fp32-sized, whatever its dtype). */
+inline size_t low_snapshot_bytes(const Layer &layer) {
+  return static_cast<size_t>(layer.l * (layer.n + layer.kin)) * sizeof(float);
+}
 /* The relative cost of an fp32-operand GEMM flop next to a compute-dtype one. */
 double fp32_gemm_weight(const PlanShape &shape, osfti_dtype_t compute) noexcept;
 /* Whether the dense form runs its rebuild and factor-gradient GEMMs on bf16

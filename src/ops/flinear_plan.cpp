@@ -249,6 +249,10 @@ bool weight_kept(const Layer &l) {
   return fingerprints || l.updates_reported;
 }
 
+bool updates_in_place(const Layer &l) {
+  return weight_kept(l) && 2 * l.l * (l.n + l.kin) <= l.n * l.kin;
+}
+
 osft_flinear_strategy_t choose_strategy(const Layer &l, int64_t tokens,
                                         osft_flinear_pass_t pass, const GradRequest &want,
                                         osfti_dtype_t compute) {

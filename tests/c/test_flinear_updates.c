@@ -279,6 +279,70 @@ static void test_one_unreported_element_changed_anywhere_is_seen(void **state) {
   for (int i = 0; i < 6; ++i) tt_free(f[i]);
 }
 
+/* The layer's bytes beside its workspace: what it keeps between calls. */
+static uint64_t kept_bytes(osft_context_t ctx) {
+  osft_memory_stats_t st;
+  assert_ok(OSFT_MEMORY_STATS_INIT(&st));
+  assert_ok(osft_context_get_memory_stats(ctx, &st));
+  const uint64_t in_use =
+      tt_device() == OSFT_DEVICE_CPU ? st.host_in_use : st.device_in_use;
+  return in_use - st.workspace_bytes;
+}
+
+/* A kept W whose trainable part is small (2*l*(N+K) <= N*K) follows each
+ * change of the factors by the change of its low product, over a snapshot of
+ * that product's operands instead of a cached frozen product: the forward
+ * matches the reference of the current factors over more updates than there
+ * are between two full builds (64), the layer keeps N*K + l*(N+K) values
+ * instead of 2*N*K (a larger trainable part: 2*N*K), and the frozen product
+ * is computed once per full build. */
+static void test_kept_weight_updated_in_place(void **state) {
+  test_seed("updated in place");
+  enum { STEPS = 70 };
+  const int64_t ranks[2][2] = {{12, 4}, {4, 12}}; /* {r, l}: in place, rebuilt */
+  for (int fp = 0; fp < 2; ++fp)
+    for (int c = 0; c < 2; ++c) {
+      const int64_t r = ranks[c][0], l = ranks[c][1];
+      tt *f[6];
+      osft_flinear_factors_t fs = caller_factors(N, KIN, r, l, f);
+      osft_flinear_options_t o;
+      assert_ok(OSFT_FLINEAR_OPTIONS_INIT(&o));
+      o.strategy = OSFT_FLINEAR_DENSE;
+      /* either keeps W: fingerprints (on the CPU) or reports */
+      const int detected = fp && tt_device() == OSFT_DEVICE_CPU;
+      o.trainable_updates =
+          detected ? OSFT_FLINEAR_UPDATES_DETECTED : OSFT_FLINEAR_UPDATES_REPORTED;
+      const uint64_t before = kept_bytes(CTX);
+      osft_flinear_t layer;
+      assert_ok(osft_flinear_create_from_factors(CTX, &fs, &o, &layer));
+      if (!fp) osfti_flinear_test_disable_fingerprints(layer);
+      const uint64_t created = kept_bytes(CTX);
+      tt *x = mat(TT_F32, M, KIN);
+      tt_random(x, -1, 1);
+      DLTensor all[6];
+      for (int i = 0; i < 6; ++i) all[i] = f[i]->t;
+      for (int step = 0; step < STEPS; ++step) {
+        char what[96];
+        snprintf(what, sizeof what, "r=%lld l=%lld, fingerprints %d, after %d updates",
+                 (long long)r, (long long)l, fp, step);
+        expect_forward(layer, all, x, what);
+        for (int i = 3; i < 6; ++i) step_through(&f[i]->t, 0.1);
+        if (!detected) assert_ok(osft_flinear_mark_updated(layer));
+      }
+      const osft_flinear_info_t info = info_of(layer);
+      assert_int_equal(info.rebuilds, STEPS);
+      /* in place: built in full at the first call and after 64 updates */
+      assert_int_equal(info.frozen_builds, c == 0 ? 2 : 1);
+      const uint64_t held = kept_bytes(CTX) - created;
+      assert_int_equal(held,
+                       (c == 0 ? N * KIN + l * (N + KIN) : 2 * N * KIN) * sizeof(float));
+      tt_free(x);
+      assert_ok(osft_flinear_destroy(layer));
+      assert_int_equal(kept_bytes(CTX), before);
+      for (int i = 0; i < 6; ++i) tt_free(f[i]);
+    }
+}
+
 static void test_info_and_options_refusals(void **state) {
   tt *w = mat(TT_F32, N, KIN);
   tt_random(w, -1, 1);
@@ -310,6 +374,8 @@ int main(void) {
                                       tt_teardown),
       cmocka_unit_test_setup_teardown(
           test_one_unreported_element_changed_anywhere_is_seen, tt_setup, tt_teardown),
+      cmocka_unit_test_setup_teardown(test_kept_weight_updated_in_place, tt_setup,
+                                      tt_teardown),
       cmocka_unit_test_setup_teardown(test_info_and_options_refusals, tt_setup,
                                       tt_teardown),
   };

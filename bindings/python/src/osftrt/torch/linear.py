@@ -85,7 +85,13 @@ class OSFTLinear(TransientHandles, nn.Module):
     the parameter, as optimizers do), and :class:`OSFTProjector`'s parameter
     projection reports its own writes. A write that bypasses the version
     counter (``p.data.copy_(...)``, DLPack) needs :meth:`factors_changed`
-    (on the CPU the library's fingerprints catch it anyway).
+    (on the CPU the library's fingerprints catch it anyway). Memory the
+    library keeps per layer besides the factors: W (N x K fp32) and the
+    frozen product (another N x K), or, where the trainable part is small
+    (2*l*(N+K) <= N*K: a square layer at rank_ratio >= 0.75), W and a copy
+    of the low product's operands (l*(N+K)), W then following each change
+    by the change of its low product (``include/osftrt/flinear.h``,
+    "Memory").
     S and V^T each live in one buffer (high part first), so the high and low
     GEMMs over V fuse; ``v_high``/``v_low`` are row views of it. U's parts
     are separate compact tensors: a column view of one U would not be
