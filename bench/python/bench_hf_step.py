@@ -22,8 +22,11 @@ layers, 32/8 heads, intermediate 8192, vocabulary 128256; random weights),
 sequence 4096, bf16 as ``Trainer(bf16=True)`` runs it (fp32 weights and AdamW
 states, ``torch.autocast`` bf16; FSDP2: ``MixedPrecisionPolicy(bf16, fp32
 reduce)``); peak memory is ``torch.cuda.max_memory_allocated`` over the
-timed steps. --device cpu: a small model in fp32, peak = resident set above
-the one before the timed steps. Step time: the median of --steps timed steps
+timed steps. --device cpu: a small model in fp32; two peaks of the resident
+set: above the one before the timed steps (what a step allocates), and above
+the one before the model was built (with what the model, the optimizer's
+state and the library's caches hold); --lean-malloc for figures that freed
+blocks do not blur. Step time: the median of --steps timed steps
 after --warmup (each step synchronized). The losses: the first step's
 (before any update) and the last timed step's; (1) vs (3) and (4) vs (5)
 compared. Orthogonality, max(|U_high^T U_low|, |V_low V_high^T|) over every
@@ -63,7 +66,7 @@ import tempfile
 import time
 import warnings
 
-from benchlib import finish_process, machine, report, reset_peak, rss_kib, versions
+from benchlib import LEAN_MALLOC, finish_process, machine, report, reset_peak, rss_kib, versions
 
 VARIANTS = ("hf", "liger", "osftrt", "peft_osf", "osftrt_osft", "osftrt_fsdp2")
 LABELS = {
@@ -217,7 +220,7 @@ def _osft_pass_flops(m, t, dx):
 def gemm_flops(variant, a, model, proj, counts):
     """GEMM flops per optimizer step {forward, backward, rebuild, projections,
     total}, or None where not counted. counts: {"rebuilds", "gradients",
-    "parameters"} per optimizer step, measured."""
+    "parameters", "rebuild_flops"} per optimizer step, measured."""
     if variant not in ("hf", "osftrt", "osftrt_osft"):
         return None
     from osftrt.torch import OSFTLinear
@@ -243,13 +246,26 @@ def gemm_flops(variant, a, model, proj, counts):
                 projections += 4 * r * l * (n + k) * (counts["gradients"] + counts["parameters"])
             fwd += f
             bwd += b + (f if tiled and name in ("gate_proj", "up_proj") else 0)
-    for m in osft.values():
-        rebuild += 2 * m.out_features * m.in_features * m.s_low.shape[0] * counts["rebuilds"] / len(osft)
+    rebuild = counts["rebuild_flops"]
     head = 2 * t * a.vocab * a.hidden  # the head is frozen under OSFT: no weight gradient
     fwd, bwd = fwd + head, bwd + (head if osft else 2 * head)
     out = {"forward": mb * fwd, "backward": mb * bwd, "rebuild": rebuild, "projections": projections}
     out["total"] = sum(out.values())
     return out
+
+
+def _rebuild_flops(m):
+    """The GEMM flops of an OSFTLinear's rebuilds of W so far, from its
+    counters: a layer that updates its kept W in place (2*l*(N+K) <= N*K,
+    include/osftrt/flinear.h, "Memory") pays 4*N*K*l per update and
+    2*N*K*(r+l) per full build; else 2*N*K*l per rebuild and 2*N*K*r per
+    build of the frozen cache."""
+    i = m.info()
+    n, k, r, l = m.out_features, m.in_features, m.rank, m.s_low.shape[0]
+    full, rebuilds = i["frozen_builds"], i["rebuilds"]
+    if 2 * l * (n + k) <= n * k:
+        return full * 2 * n * k * (r + l) + (rebuilds - full) * 4 * n * k * l
+    return full * 2 * n * k * r + rebuilds * 2 * n * k * l
 
 
 def _osft_counts(model, proj):
@@ -258,7 +274,7 @@ def _osft_counts(model, proj):
     layers = [m for m in model.modules() if isinstance(m, OSFTLinear)]
     p = proj.projections if proj is not None else {}
     return {"rebuilds": sum(m.info()["rebuilds"] for m in layers), "gradients": p.get("gradients", 0),
-            "parameters": p.get("parameters", 0)}
+            "parameters": p.get("parameters", 0), "rebuild_flops": sum(_rebuild_flops(m) for m in layers)}
 
 
 # ------------------------------------------------------------ the profile
@@ -438,14 +454,22 @@ def orthogonality(variant, model, proj):
     return worst
 
 
+def _memory_now(a):
+    import torch
+
+    if a.device == "cuda":
+        return torch.cuda.memory_allocated()
+    return rss_kib("VmRSS") * 1024
+
+
 def _memory_start(a):
     import torch
 
     if a.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-        return torch.cuda.memory_allocated()
-    reset_peak()
-    return rss_kib("VmRSS") * 1024
+    else:
+        reset_peak()
+    return _memory_now(a)
 
 
 def _memory_peak(a):
@@ -461,6 +485,7 @@ def run_variant(variant, a):
 
     if a.device == "cpu":
         torch.set_num_threads(a.threads)
+    before_model = _memory_now(a)
     t0 = time.perf_counter()
     model, params, proj, inner = prepare(variant, a)
     opt = torch.optim.AdamW(params, lr=a.lr, foreach=True)
@@ -490,7 +515,8 @@ def run_variant(variant, a):
         losses.append(loss.item())
     peak = _memory_peak(a)
     out = {"variant": variant, "step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
-           "peak_bytes": peak, "peak_above_bytes": peak - base, "state_bytes": base, "first_loss": losses[0],
+           "peak_bytes": peak, "peak_above_bytes": peak - base, "state_bytes": base,
+           "peak_above_model_bytes": peak - before_model, "held_bytes": base - before_model, "first_loss": losses[0],
            "last_loss": losses[-1], "trainable": sum(p.numel() for p in params), "setup_s": setup_s}
     if counted:
         after = _osft_counts(model, proj)
@@ -544,6 +570,13 @@ def _gomp_spincount(a):
     return str(int(a.gomp_spincount))
 
 
+def _cpu_peak_words(a):
+    return ("the resident set's peak above the one before the steps, and above the one before the model was built "
+            "(the model, the optimizer's state, what the library keeps); glibc %s" % (
+                "with " + " ".join("%s=%s" % kv for kv in LEAN_MALLOC.items()) if a.lean_malloc else
+                "as it comes (freed blocks may stay resident: --lean-malloc for memory figures)"))
+
+
 def table(rows, a, cmd):
     cuda = a.device == "cuda"
     tok = a.batch * a.seq
@@ -562,7 +595,7 @@ def table(rows, a, cmd):
             if a.precision == "bf16" else "fp32", "/".join(TARGETS), a.rank_ratio, a.lr),
         "- step: forward + backward + AdamW (+ projections), synchronized; median of %d steps after %d; peak: %s; "
         "each variant in its own process" % (a.steps, a.warmup, "torch.cuda.max_memory_allocated over the timed "
-                                              "steps" if cuda else "resident set above the one before the steps"),
+                                              "steps" if cuda else _cpu_peak_words(a)),
         "- %d micro-batch(es) of %d tokens per optimizer step (gradient accumulation); step ms and GFLOP are per "
         "optimizer step" % (a.micro_batches, tok),
         "- threads: GOMP_SPINCOUNT=%s (PyTorch's OpenMP workers' spin), OPENBLAS_THREAD_TIMEOUT=%s (osftrt's "
@@ -570,19 +603,21 @@ def table(rows, a, cmd):
                                                os.environ.get("OPENBLAS_THREAD_TIMEOUT", "16 (set by import osftrt)")),
         "- command: `python bench/python/bench_hf_step.py %s`" % " ".join(cmd),
         "",
-        "| variant | trainable | step ms (min) | tokens/s | peak %s | first loss | last loss | orthogonality |" % unit,
+        "| variant | trainable | step ms (min) | tokens/s | peak %s | first loss | last loss | orthogonality |" % (
+            unit if cuda else "MiB: the step's / with the model's"),
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     tok *= a.micro_batches
     peak_key = "peak_bytes" if cuda else "peak_above_bytes"
+    peaks = ["peak_bytes"] if cuda else ["peak_above_bytes", "peak_above_model_bytes"]
     for v in a.variant_list:
         r = rows[v]
         if "skipped" in r:
             lines.append("| %s | skipped: %s | | | | | | |" % (LABELS[v], r["skipped"]))
             continue
-        lines.append("| %s | %d | %.1f (%.1f) | %.0f | %.2f | %.4f | %.4f | %s |" % (
+        lines.append("| %s | %d | %.1f (%.1f) | %.0f | %s | %.4f | %.4f | %s |" % (
             LABELS[v], r["trainable"], r["step_ms"], r["step_ms_min"], tok / r["step_ms"] * 1e3,
-            r[peak_key] / scale, r["first_loss"], r["last_loss"],
+            " / ".join("%.2f" % (r.get(k, float("nan")) / scale) for k in peaks), r["first_loss"], r["last_loss"],
             "%.1e" % r["orthogonality"] if "orthogonality" in r else "-"))
     counted = [v for v in a.variant_list if rows[v].get("gemm_flops")]
     if counted:
@@ -608,7 +643,7 @@ def table(rows, a, cmd):
         "Goals (issue 36):",
         "- (5) vs PEFT OSF (4): time %s, peak memory %s; orthogonality of (5) %s (goal <= 1e-5)" % (
             _goal(_ratio(rows, "osftrt_osft", "peft_osf", "step_ms"), 0.7),
-            _goal(_ratio(rows, "osftrt_osft", "peft_osf", peak_key), 0.7),
+            ", with the model's ".join(_goal(_ratio(rows, "osftrt_osft", "peft_osf", k), 0.7) for k in peaks),
             "%.1e" % o["orthogonality"] if "orthogonality" in o else "n/a"),
         "- (5) vs full fine-tuning (1): time %s" % _goal(_ratio(rows, "osftrt_osft", "hf", "step_ms"), 1.1),
         "- (3) vs Liger (2): time %s, peak memory %s" % (_goal(_ratio(rows, "osftrt", "liger", "step_ms"), 1.0),
@@ -645,6 +680,9 @@ def parse(argv):
     p.add_argument("--gomp-spincount", default="osftrt", help="GOMP_SPINCOUNT of every variant's process (PyTorch's "
                    "OpenMP workers' spin): 'osftrt' (default) what import osftrt before torch sets, 'default' "
                    "libgomp's own (300000), or a number; the caller's environment wins")
+    p.add_argument("--lean-malloc", action="store_true", help="--device cpu: glibc's mmap and trim thresholds at "
+                   "64 KiB in every variant's process, so that freed blocks leave the resident set (memory figures; "
+                   "the page faults cost time)")
     p.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--out", help="write the table (Markdown) here too")
     a = p.parse_args(argv)
@@ -680,6 +718,8 @@ def main(argv=None):
         if a.spin is not None:
             env["GOMP_SPINCOUNT"] = a.spin
         env.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        if a.lean_malloc:
+            env.update(LEAN_MALLOC)
         t = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         res = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]

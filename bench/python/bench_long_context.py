@@ -58,7 +58,6 @@ SHAPES = {
     "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                num_key_value_heads=8, vocab_size=128256, head_dim=128),
 }
-MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
 
 
 # --- the child: one step of one variant at one length ------------------------------
@@ -175,6 +174,8 @@ def load_log(path):
 
 def run_child(args, variant, tokens, layers=None, steps=1):
     """{"peak", "seconds", "loss"}, or None when the child failed (out of memory)."""
+    import benchlib
+
     hit = _CACHE.get((variant, tokens, layers))
     if hit is not None:
         print("  %-7s %7d tokens%s: peak %8.1f MiB, %7.2f s (CPU %.2f s) [from %s]" % (
@@ -188,7 +189,7 @@ def run_child(args, variant, tokens, layers=None, steps=1):
     if args.dry_run:
         print("dry run: " + " ".join(cmd))
         return {"peak": 0, "seconds": 0.0, "cpu_seconds": 0.0, "loss": 0.0}
-    env = dict(os.environ, **MALLOC)
+    env = dict(os.environ, **benchlib.LEAN_MALLOC)
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.child_timeout)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -261,7 +262,7 @@ def parent(args):
                  if args.device == "cuda" and not args.no_osft else ""),
              "- memory: %s above the model, each variant and length in its own process (%s); step times: %s" % (
                  "torch.cuda.max_memory_allocated" if args.device == "cuda" else "peak resident set (VmHWM)",
-                 " ".join("%s=%s" % kv for kv in MALLOC.items()),
+                 " ".join("%s=%s" % kv for kv in benchlib.LEAN_MALLOC.items()),
                  "wall, synchronized" if args.device == "cuda" else
                  "the process's CPU time over the step (all its threads: the work, which other jobs on a shared "
                  "machine do not stretch)"),

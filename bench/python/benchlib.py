@@ -43,6 +43,12 @@ def _gpu():
                                               torch.version.cuda, ", driver " + driver[0] if driver else "")
 
 
+# glibc's mmap and trim thresholds at 64 KiB, for a child process whose
+# resident set is read as its memory: else freed blocks stay resident and
+# hide (or fake) what a later phase allocates.
+LEAN_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
+
+
 def rss_kib(field="VmRSS"):
     """This process's resident set (VmRSS) or its peak (VmHWM), in KiB."""
     with open("/proc/self/status") as f:
