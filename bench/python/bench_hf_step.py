@@ -158,6 +158,27 @@ def _fsdp2(a, model):
     return model, shard_aware_projector(model)
 
 
+def _mlp_budget(a):
+    return None if a.mlp_memory_budget is None else int(a.mlp_memory_budget * 2**20)
+
+
+def _mlp_recomputes(model, tokens):
+    """[whether the backward of each tiled MLP recomputes its forward]
+    (osft_mlp_get_plan: not where its memory budget holds every tile's
+    intermediates), in the order of the decoder layers."""
+    from osftrt import capi
+
+    out = []
+    for m in model.modules():
+        plan = getattr(m, "_osftrt_plan", None)
+        if plan is None:
+            continue
+        p = capi.osft_mlp_plan_t()
+        capi.osft_mlp_get_plan(plan._handle, tokens, plan.num_tiles, p)
+        out.append(bool(p.recompute))
+    return out
+
+
 def prepare(variant, a):
     """(model, the trainable parameters, the projector or None, the
     LlamaForCausalLM inside) of a variant; raises Skip where it cannot run."""
@@ -174,11 +195,12 @@ def prepare(variant, a):
     elif variant == "osftrt":
         import osftrt.transformers as otf
 
-        otf.apply_osftrt(model)
+        otf.apply_osftrt(model, mlp_memory_budget=_mlp_budget(a))
     elif variant == "osftrt_osft":
         import osftrt.transformers as otf
 
-        info = otf.apply_osftrt(model, osft=True, rank_ratio=a.rank_ratio, target_modules=TARGETS, attach=False)
+        info = otf.apply_osftrt(model, osft=True, rank_ratio=a.rank_ratio, target_modules=TARGETS, attach=False,
+                                mlp_memory_budget=_mlp_budget(a))
         _freeze_all_but(model, _low_factors(info.osft_layers.values()))
         proj = otf.projector_of(model)
     elif variant == "osftrt_fsdp2":
@@ -231,7 +253,8 @@ def gemm_flops(variant, a, model, proj, counts):
     att = 4 * t * a.seq * a.hidden * a.layers
     fwd, bwd = att, 2 * att
     osft = {n: m for n, m in model.named_modules() if isinstance(m, OSFTLinear)}
-    tiled = variant != "hf"  # apply_osftrt's tiled MLP recomputes gate and up in the backward
+    # apply_osftrt's tiled MLP recomputes gate and up in the backward, unless its budget holds them
+    recomputes = _mlp_recomputes(model, t) if variant != "hf" else [False] * a.layers
     for i in range(a.layers):
         for name, (n, k) in _linear_shapes(a).items():
             m = next((m for q, m in osft.items() if q.endswith("layers.%d.mlp.%s" % (i, name))
@@ -245,7 +268,7 @@ def gemm_flops(variant, a, model, proj, counts):
                 # one call of each projection covers every layer: 4*r*l*(N+K) per layer
                 projections += 4 * r * l * (n + k) * (counts["gradients"] + counts["parameters"])
             fwd += f
-            bwd += b + (f if tiled and name in ("gate_proj", "up_proj") else 0)
+            bwd += b + (f if recomputes[i] and name in ("gate_proj", "up_proj") else 0)
     rebuild = counts["rebuild_flops"]
     head = 2 * t * a.vocab * a.hidden  # the head is frozen under OSFT: no weight gradient
     fwd, bwd = fwd + head, bwd + (head if osft else 2 * head)
@@ -523,6 +546,8 @@ def run_variant(variant, a):
         per_step = {k: (after[k] - before[k]) / a.steps for k in after}
         out["counts_per_step"] = per_step
         out["gemm_flops"] = gemm_flops(variant, a, model, proj, per_step)
+        if variant != "hf":
+            out["mlp_recomputes"] = _mlp_recomputes(model, a.batch * a.seq)
     if variant in OSFT_VARIANTS:
         out["orthogonality"] = orthogonality(variant, model, proj)
     if a.profile:
@@ -570,6 +595,13 @@ def _gomp_spincount(a):
     return str(int(a.gomp_spincount))
 
 
+def _recompute_words(rows):
+    said = {v: r["mlp_recomputes"] for v, r in rows.items() if "mlp_recomputes" in r}
+    return "".join(" (%s: the backward %s)" % (v, "recomputes each tile's forward" if any(x) else
+                                               "keeps the forward's intermediates, no recompute")
+                   for v, x in said.items())
+
+
 def _cpu_peak_words(a):
     return ("the resident set's peak above the one before the steps, and above the one before the model was built "
             "(the model, the optimizer's state, what the library keeps); glibc %s" % (
@@ -596,6 +628,9 @@ def table(rows, a, cmd):
         "- step: forward + backward + AdamW (+ projections), synchronized; median of %d steps after %d; peak: %s; "
         "each variant in its own process" % (a.steps, a.warmup, "torch.cuda.max_memory_allocated over the timed "
                                               "steps" if cuda else _cpu_peak_words(a)),
+        "- apply_osftrt's tiled MLP: %s" % ("tiles of `hidden` tokens (its default), the backward recomputing each tile's"
+                                            " forward" if a.mlp_memory_budget is None else "mlp_memory_budget %g MiB%s" % (
+                                                a.mlp_memory_budget, _recompute_words(rows))),
         "- %d micro-batch(es) of %d tokens per optimizer step (gradient accumulation); step ms and GFLOP are per "
         "optimizer step" % (a.micro_batches, tok),
         "- threads: GOMP_SPINCOUNT=%s (PyTorch's OpenMP workers' spin), OPENBLAS_THREAD_TIMEOUT=%s (osftrt's "
@@ -680,6 +715,8 @@ def parse(argv):
     p.add_argument("--gomp-spincount", default="osftrt", help="GOMP_SPINCOUNT of every variant's process (PyTorch's "
                    "OpenMP workers' spin): 'osftrt' (default) what import osftrt before torch sets, 'default' "
                    "libgomp's own (300000), or a number; the caller's environment wins")
+    p.add_argument("--mlp-memory-budget", type=float, help="MiB: apply_osftrt's mlp_memory_budget (the osftrt "
+                   "variants); one that holds every tile's intermediates drops the backward's recompute")
     p.add_argument("--lean-malloc", action="store_true", help="--device cpu: glibc's mmap and trim thresholds at "
                    "64 KiB in every variant's process, so that freed blocks leave the resident set (memory figures; "
                    "the page faults cost time)")
