@@ -239,10 +239,11 @@ def _osft_pass_flops(m, t, dx):
     return fwd, bwd
 
 
-def gemm_flops(variant, a, model, proj, counts):
+def gemm_flops(variant, a, model, proj, counts, recomputes):
     """GEMM flops per optimizer step {forward, backward, rebuild, projections,
     total}, or None where not counted. counts: {"rebuilds", "gradients",
-    "parameters", "rebuild_flops"} per optimizer step, measured."""
+    "parameters", "rebuild_flops"} per optimizer step, measured; recomputes:
+    _mlp_recomputes() (None for transformers' own MLPs)."""
     if variant not in ("hf", "osftrt", "osftrt_osft"):
         return None
     from osftrt.torch import OSFTLinear
@@ -254,7 +255,7 @@ def gemm_flops(variant, a, model, proj, counts):
     fwd, bwd = att, 2 * att
     osft = {n: m for n, m in model.named_modules() if isinstance(m, OSFTLinear)}
     # apply_osftrt's tiled MLP recomputes gate and up in the backward, unless its budget holds them
-    recomputes = _mlp_recomputes(model, t) if variant != "hf" else [False] * a.layers
+    recomputes = recomputes or [False] * a.layers
     for i in range(a.layers):
         for name, (n, k) in _linear_shapes(a).items():
             m = next((m for q, m in osft.items() if q.endswith("layers.%d.mlp.%s" % (i, name))
@@ -277,13 +278,12 @@ def gemm_flops(variant, a, model, proj, counts):
     return out
 
 
-def _rebuild_flops(m):
+def _rebuild_flops(m, i):
     """The GEMM flops of an OSFTLinear's rebuilds of W so far, from its
     counters: a layer that updates its kept W in place (2*l*(N+K) <= N*K,
     include/osftrt/flinear.h, "Memory") pays 4*N*K*l per update and
     2*N*K*(r+l) per full build; else 2*N*K*l per rebuild and 2*N*K*r per
-    build of the frozen cache."""
-    i = m.info()
+    build of the frozen cache. i: m.info()."""
     n, k, r, l = m.out_features, m.in_features, m.rank, m.s_low.shape[0]
     full, rebuilds = i["frozen_builds"], i["rebuilds"]
     if 2 * l * (n + k) <= n * k:
@@ -294,10 +294,10 @@ def _rebuild_flops(m):
 def _osft_counts(model, proj):
     from osftrt.torch import OSFTLinear
 
-    layers = [m for m in model.modules() if isinstance(m, OSFTLinear)]
+    infos = [(m, m.info()) for m in model.modules() if isinstance(m, OSFTLinear)]
     p = proj.projections if proj is not None else {}
-    return {"rebuilds": sum(m.info()["rebuilds"] for m in layers), "gradients": p.get("gradients", 0),
-            "parameters": p.get("parameters", 0), "rebuild_flops": sum(_rebuild_flops(m) for m in layers)}
+    return {"rebuilds": sum(i["rebuilds"] for _, i in infos), "gradients": p.get("gradients", 0),
+            "parameters": p.get("parameters", 0), "rebuild_flops": sum(_rebuild_flops(m, i) for m, i in infos)}
 
 
 # ------------------------------------------------------------ the profile
@@ -539,15 +539,16 @@ def run_variant(variant, a):
     peak = _memory_peak(a)
     out = {"variant": variant, "step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
            "peak_bytes": peak, "peak_above_bytes": peak - base, "state_bytes": base,
-           "peak_above_model_bytes": peak - before_model, "held_bytes": base - before_model, "first_loss": losses[0],
+           "peak_above_model_bytes": peak - before_model, "first_loss": losses[0],
            "last_loss": losses[-1], "trainable": sum(p.numel() for p in params), "setup_s": setup_s}
     if counted:
         after = _osft_counts(model, proj)
         per_step = {k: (after[k] - before[k]) / a.steps for k in after}
         out["counts_per_step"] = per_step
-        out["gemm_flops"] = gemm_flops(variant, a, model, proj, per_step)
-        if variant != "hf":
-            out["mlp_recomputes"] = _mlp_recomputes(model, a.batch * a.seq)
+        recomputes = None if variant == "hf" else _mlp_recomputes(model, a.batch * a.seq)
+        out["gemm_flops"] = gemm_flops(variant, a, model, proj, per_step, recomputes)
+        if recomputes is not None:
+            out["mlp_recomputes"] = recomputes
     if variant in OSFT_VARIANTS:
         out["orthogonality"] = orthogonality(variant, model, proj)
     if a.profile:
