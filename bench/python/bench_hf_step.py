@@ -40,7 +40,9 @@ the OSFT layers' dense W, the projections), counted from the model's shapes,
 the library's strategy per layer (osft_flinear_choose_strategy) and what the
 run did (OSFTLinear.info()'s rebuilds, the projector's projections, averaged
 over the timed steps), and the time per GEMM flop against full fine-tuning's
-(variants 1-3, 5; n/a for PEFT, Liger and FSDP2).
+(variants 1, 3, 4 and 5: PEFT OSF's from its layers' shapes, the frozen W,
+the rank-2l delta and the gradient hooks at every backward; n/a for Liger and
+FSDP2).
 
 --profile adds one step after the timed ones, timed per phase (CUDA events
 on the GPU): attention (the self-attention modules, their projections
@@ -78,6 +80,7 @@ LABELS = {
     "osftrt_fsdp2": "6. (5) under FSDP2",
 }
 OSFT_VARIANTS = ("peft_osf", "osftrt_osft", "osftrt_fsdp2")
+COUNTED_VARIANTS = ("hf", "osftrt", "peft_osf", "osftrt_osft")  # GEMM flops counted
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PHASES = ("attention", "mlp", "head_loss", "projection", "optimizer", "other")
 
@@ -239,12 +242,31 @@ def _osft_pass_flops(m, t, dx):
     return fwd, bwd
 
 
+def _peft_pass_flops(n, k, l, t, dx):
+    """(forward, backward) GEMM flops of one PEFT OSF linear call on t tokens
+    (peft/tuners/osf/layer.py): the frozen dense W plus its rank-2l delta
+    (x B^T) A^T, B = [V_low; V_low_init], A = [U_low S_low, -U_low_init
+    S_low_init]; autograd differentiates the whole of A and B."""
+    fwd = 2 * t * n * k + 4 * t * l * (n + k)
+    bwd = 8 * t * l * n + 4 * t * l * k + (2 * t * n * k + 4 * t * l * k if dx else 0)
+    return fwd, bwd
+
+
+def _peft_hook_flops(n, k, r, l):
+    """GEMM flops of one PEFT OSF layer's gradient hooks (they run at every
+    backward): against U_low_init / V_low_init where that factor is square,
+    else against U_high / V_high."""
+    u = 4 * n * l * (l if n <= k else r)
+    v = 4 * k * l * (l if n >= k else r)
+    return u + v
+
+
 def gemm_flops(variant, a, model, proj, counts, recomputes):
     """GEMM flops per optimizer step {forward, backward, rebuild, projections,
     total}, or None where not counted. counts: {"rebuilds", "gradients",
     "parameters", "rebuild_flops"} per optimizer step, measured; recomputes:
     _mlp_recomputes() (None for transformers' own MLPs)."""
-    if variant not in ("hf", "osftrt", "osftrt_osft"):
+    if variant not in COUNTED_VARIANTS:
         return None
     from osftrt.torch import OSFTLinear
 
@@ -253,7 +275,7 @@ def gemm_flops(variant, a, model, proj, counts, recomputes):
     # attention (SDPA): Q K^T and P V, 2*S*H each per token; backward twice
     att = 4 * t * a.seq * a.hidden * a.layers
     fwd, bwd = att, 2 * att
-    osft = {n: m for n, m in model.named_modules() if isinstance(m, OSFTLinear)}
+    osft = {n: m for n, m in model.named_modules() if isinstance(m, OSFTLinear) or hasattr(m, "osf_svd_params")}
     # apply_osftrt's tiled MLP recomputes gate and up in the backward, unless its budget holds them
     recomputes = recomputes or [False] * a.layers
     for i in range(a.layers):
@@ -263,6 +285,10 @@ def gemm_flops(variant, a, model, proj, counts, recomputes):
             dx = not (osft and i == 0 and name in ("q_proj", "k_proj", "v_proj"))  # nothing below trains
             if m is None:
                 f, b = 2 * t * n * k, (4 if dx else 2) * t * n * k
+            elif not isinstance(m, OSFTLinear):  # PEFT OSF
+                r = next(iter(m.effective_rank.values()))
+                f, b = _peft_pass_flops(n, k, min(n, k) - r, t, dx)
+                projections += mb * _peft_hook_flops(n, k, r, min(n, k) - r)
             else:
                 f, b = _osft_pass_flops(m, t, dx)
                 r, l = m.rank, m.s_low.shape[0]
@@ -517,7 +543,7 @@ def run_variant(variant, a):
     setup_s = time.perf_counter() - t0
     batches = _batches(a)
     times, losses = [], []
-    counted = variant in ("hf", "osftrt", "osftrt_osft")
+    counted = variant in COUNTED_VARIANTS
     for i in range(a.warmup + a.steps):
         if i == a.warmup:
             base = _memory_start(a)
@@ -544,8 +570,10 @@ def run_variant(variant, a):
     if counted:
         after = _osft_counts(model, proj)
         per_step = {k: (after[k] - before[k]) / a.steps for k in after}
+        if variant == "peft_osf":  # its hooks project each micro-batch's gradient
+            per_step["gradients"] = a.micro_batches
         out["counts_per_step"] = per_step
-        recomputes = None if variant == "hf" else _mlp_recomputes(model, a.batch * a.seq)
+        recomputes = None if variant in ("hf", "peft_osf") else _mlp_recomputes(model, a.batch * a.seq)
         out["gemm_flops"] = gemm_flops(variant, a, model, proj, per_step, recomputes)
         if recomputes is not None:
             out["mlp_recomputes"] = recomputes
