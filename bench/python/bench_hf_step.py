@@ -276,6 +276,8 @@ def gemm_flops(variant, a, model, proj, counts, recomputes):
     att = 4 * t * a.seq * a.hidden * a.layers
     fwd, bwd = att, 2 * att
     osft = {n: m for n, m in model.named_modules() if isinstance(m, OSFTLinear) or hasattr(m, "osf_svd_params")}
+    if variant == "peft_osf" and not all(hasattr(m, "_osf_U_low_init") for m in osft.values()):
+        return None  # another PEFT OSF layout than the one _peft_pass_flops counts (peft 0.21's)
     # apply_osftrt's tiled MLP recomputes gate and up in the backward, unless its budget holds them
     recomputes = recomputes or [False] * a.layers
     for i in range(a.layers):
