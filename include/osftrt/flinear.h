@@ -603,7 +603,8 @@ typedef struct osft_flinear_info_s {
   /** Builds of the frozen product U_high diag(S_high) V_high (once, and
    * again after osft_flinear_refresh() or osft_flinear_redecompose(); a
    * layer that updates its kept W in place, see "Memory" above: at each
-   * full build of W, every 65th rebuild). */
+   * full build of W, every 65th rebuild, and at each osft_flinear_merge(),
+   * which builds W in full into its weight). */
   uint64_t frozen_builds;
   /** Reports of a change of the trainable factors so far
    * (osft_flinear_mark_updated(), views of trainable factors). */

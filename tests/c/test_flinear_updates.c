@@ -336,6 +336,12 @@ static void test_kept_weight_updated_in_place(void **state) {
       const uint64_t held = kept_bytes(CTX) - created;
       assert_int_equal(held,
                        (c == 0 ? N * KIN + l * (N + KIN) : 2 * N * KIN) * sizeof(float));
+      /* a merge builds W in full into its weight: from the frozen factors in
+       * place, from the cache otherwise */
+      tt *merged = mat(TT_F32, N, KIN);
+      assert_ok(osft_flinear_merge(layer, &merged->t));
+      assert_int_equal(info_of(layer).frozen_builds, c == 0 ? 3 : 1);
+      tt_free(merged);
       tt_free(x);
       assert_ok(osft_flinear_destroy(layer));
       assert_int_equal(kept_bytes(CTX), before);
