@@ -264,8 +264,9 @@ def _peft_hook_flops(n, k, r, l):
 def gemm_flops(variant, a, model, proj, counts, recomputes):
     """GEMM flops per optimizer step {forward, backward, rebuild, projections,
     total}, or None where not counted. counts: {"rebuilds", "gradients",
-    "parameters", "rebuild_flops"} per optimizer step, measured; recomputes:
-    _mlp_recomputes() (None for transformers' own MLPs)."""
+    "parameters", "rebuild_flops"} per optimizer step, measured (PEFT OSF's
+    "gradients": its hooks' runs); recomputes: _mlp_recomputes() (empty for
+    transformers' own MLPs)."""
     if variant not in COUNTED_VARIANTS:
         return None
     from osftrt.torch import OSFTLinear
@@ -289,8 +290,9 @@ def gemm_flops(variant, a, model, proj, counts, recomputes):
                 f, b = 2 * t * n * k, (4 if dx else 2) * t * n * k
             elif not isinstance(m, OSFTLinear):  # PEFT OSF
                 r = next(iter(m.effective_rank.values()))
-                f, b = _peft_pass_flops(n, k, min(n, k) - r, t, dx)
-                projections += mb * _peft_hook_flops(n, k, r, min(n, k) - r)
+                l = min(n, k) - r
+                f, b = _peft_pass_flops(n, k, l, t, dx)
+                projections += _peft_hook_flops(n, k, r, l) * counts["gradients"]
             else:
                 f, b = _osft_pass_flops(m, t, dx)
                 r, l = m.rank, m.s_low.shape[0]
@@ -575,9 +577,9 @@ def run_variant(variant, a):
         if variant == "peft_osf":  # its hooks project each micro-batch's gradient
             per_step["gradients"] = a.micro_batches
         out["counts_per_step"] = per_step
-        recomputes = None if variant in ("hf", "peft_osf") else _mlp_recomputes(model, a.batch * a.seq)
+        recomputes = _mlp_recomputes(model, a.batch * a.seq)  # empty without apply_osftrt's tiled MLPs
         out["gemm_flops"] = gemm_flops(variant, a, model, proj, per_step, recomputes)
-        if recomputes is not None:
+        if recomputes:
             out["mlp_recomputes"] = recomputes
     if variant in OSFT_VARIANTS:
         out["orthogonality"] = orthogonality(variant, model, proj)

@@ -96,8 +96,9 @@ def main(argv=None):
         for beta in (0.95, 0.999):
             for t, w in soap_inputs(a.n, cols, alpha, beta, 10, 10 * (a.refreshes + 1), 0):
                 kwd, kw1, check, orth, back = route(w, not a.unscaled, a.last_gram == "fp32")
+                kw = kwd if a.unscaled else kappa(w)  # unscaled, W D is W
                 print("| %.0f | %.3f | %d | %.2e | %s | %.2e | %.2e | %.2e | %.1e |" % (
-                    alpha, beta, t, kappa(w), "-" if a.unscaled else "%.2e" % kwd, kw1, check, orth, back))
+                    alpha, beta, t, kw, "-" if a.unscaled else "%.2e" % kwd, kw1, check, orth, back))
 
 
 if __name__ == "__main__":
