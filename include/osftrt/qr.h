@@ -89,6 +89,9 @@
  * This is the one case where a failing call has written outputs: those of
  * the matrices that succeeded. Every other error (a malformed list, bad
  * options, out of memory) is detected before anything is written.
+ * With opts->rank_deficient set (since 1.4), a rank-deficient matrix is
+ * factored, written and reported there instead of failing; only NaN, Inf
+ * and overflow remain failures.
  *
  * @par Threading and streams
  * Like every operation, a call uses its context
@@ -204,6 +207,28 @@ typedef struct osft_qr_options_s {
    * the cores), on CUDA 8. 1 runs the matrices one after another (on the
    * CPU with OpenBLAS's own threading). Must be >= 0. */
   int max_concurrency;
+  /** (since 1.4) What a rank-deficient matrix gets. NULL (the default, and
+   * what callers built against older headers pass): it is a per-matrix
+   * failure, its outputs untouched (see "Per-matrix failures").
+   * Non-NULL: an array of `count` ints, one per matrix (power iteration:
+   * per pair), owned by the caller and written by the call when it writes
+   * per_matrix_status (after validation, so never on an error detected
+   * before any output is written): 1 where the matrix (power iteration: the
+   * product A_i Q at any iteration) is rank-deficient to rank_tolerance, 0
+   * elsewhere. Such a matrix is then factored anyway and is not a failure:
+   * Householder QR is defined for any finite matrix, so its Q (orthonormal
+   * to working precision, Q R = A, diag(R) >= 0) and R are written, and its
+   * per_matrix_status is OSFT_STATUS_SUCCESS; the columns of Q beyond the
+   * numerical rank are an orthonormal complement that rounding chose (not
+   * unique). With a Cholesky method such a matrix is redone with
+   * Householder where the Cholesky path cannot factor it. Each one is
+   * logged at OSFT_LOG_DEBUG. Matrices with NaN or Inf, or whose result
+   * overflows, still fail as described above (0 here). This suits
+   * optimizers that refresh eigenbases by power iteration (SOAP, Shampoo),
+   * whose Kronecker factors are often singular (a parameter with fewer
+   * columns than rows, rows that no gradient reached): keeping the previous
+   * basis there would be silently wrong. Must not overlap the tensors. */
+  int *rank_deficient;
 } osft_qr_options_t;
 
 /**

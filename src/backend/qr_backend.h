@@ -35,6 +35,9 @@ enum QrFlag : uint32_t {
   kQrNeedsFallback = 1u << 3,
   /* Not a failure: the Cholesky path was redone with Householder. */
   kQrFellBack = 1u << 4,
+  /* Not a failure: rank-deficient, factored and written anyway (the job's
+   * factor_deficient; opts->rank_deficient). */
+  kQrRankReported = 1u << 5,
   kQrFailureMask = kQrNonfiniteInput | kQrRankDeficient | kQrNonfiniteResult,
 };
 
@@ -45,6 +48,11 @@ struct QrJob {
   Mat r; /* n x n, or data == nullptr when R is not wanted */
   /* Resolved rank tolerance; negative: no check. */
   double rank_tol = 0.0;
+  /* A rank-deficient result is written and flagged kQrRankReported instead
+   * of failing with kQrRankDeficient (backends whose table says
+   * reports_rank_deficient; the others fail it and src/ops redoes it with
+   * the check off). */
+  bool factor_deficient = false;
   int lane = -1;    /* the worker that runs it; -1: a backend batch kernel */
   size_t index = 0; /* position in the caller's list */
   int64_t m() const noexcept { return q.rows; }
@@ -70,6 +78,10 @@ struct QrKernels {
    * scratch must fit every lane job); false: a lane runs the jobs
    * assigned to it, in order (CUDA streams). */
   bool lanes_take_any_job;
+  /* True: the kernels honour QrJob::factor_deficient (kQrRankReported);
+   * false: they fail such a job with kQrRankDeficient, and src/ops runs it
+   * again with the rank check off. */
+  bool reports_rank_deficient;
   /* Workers to use when the caller does not say (opts->max_concurrency 0). */
   int (*default_concurrency)(Context &ctx);
   /* True if the backend factors this job in a batch kernel rather than on a

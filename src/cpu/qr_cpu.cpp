@@ -400,10 +400,12 @@ class Factorizer {
       const bool want_r = job_.r.data != nullptr && call_.iterations == 0;
       CpuCholesky<T> ops(b_, m_, n_, want_r, call_.ortho_threshold);
       if (run_cholesky_path<T>(call_.method, ops, m_, n_)) {
-        const uint32_t f = diagonal_flags(b_.sign, 0, n_, job_.rank_tol);
-        if (f != 0) return f;
+        /* it passed the orthogonality check: Q R = A with Q orthonormal,
+         * a valid factorization even where A is rank-deficient */
+        const uint32_t f = admit(diagonal_flags(b_.sign, 0, n_, job_.rank_tol));
+        if (f & kQrFailureMask) return f;
         return all_finite(b_.w, m_ * n_) && (!want_r || all_finite(b_.r, n_ * n_))
-                   ? 0u
+                   ? f
                    : kQrNonfiniteResult;
       }
       return householder(fill) | kQrFellBack;
@@ -412,6 +414,14 @@ class Factorizer {
   }
 
  private:
+  /* A rank-deficient result is kept and reported where the job asks for it
+   * (QrJob::factor_deficient), else it is a failure. */
+  uint32_t admit(uint32_t diagonal) const {
+    if ((diagonal & kQrRankDeficient) && job_.factor_deficient)
+      return (diagonal & ~static_cast<uint32_t>(kQrRankDeficient)) | kQrRankReported;
+    return diagonal;
+  }
+
   template <class Fill>
   uint32_t householder(Fill &fill) {
     if (!fill()) return kQrNonfiniteInput;
@@ -419,15 +429,15 @@ class Factorizer {
     li info = 0;
     geqrfp(m, n, b_.w, b_.tau, b_.work, static_cast<li>(b_.lwork), &info);
     check_info(info, "geqrfp");
-    const uint32_t f = diagonal_flags(b_.w, m_, n_, job_.rank_tol);
-    if (f != 0) return f;
+    const uint32_t f = admit(diagonal_flags(b_.w, m_, n_, job_.rank_tol));
+    if (f & kQrFailureMask) return f;
     for (int64_t j = 0; j < n_; ++j) { /* R = triu(w) */
       std::memcpy(b_.r + j * n_, b_.w + j * m_, static_cast<size_t>(j + 1) * sizeof(T));
       std::fill(b_.r + j * n_ + j + 1, b_.r + (j + 1) * n_, T(0));
     }
     orgqr(m, n, b_.w, b_.tau, b_.work, static_cast<li>(b_.lwork), &info);
     check_info(info, "orgqr");
-    return all_finite(b_.w, m_ * n_) && all_finite(b_.r, n_ * n_) ? 0u
+    return all_finite(b_.w, m_ * n_) && all_finite(b_.r, n_ * n_) ? f
                                                                   : kQrNonfiniteResult;
   }
 
@@ -549,8 +559,9 @@ void cpu_run(Context &ctx, const QrCall &call, void *scratch, uint32_t *flags) {
 }  // namespace
 
 const QrKernels &cpu_qr_kernels() noexcept {
-  static const QrKernels table = {true,           cpu_default_concurrency, cpu_batched,
-                                  cpu_lane_bytes, cpu_shared_bytes,        cpu_run};
+  static const QrKernels table = {true,        true,           cpu_default_concurrency,
+                                  cpu_batched, cpu_lane_bytes, cpu_shared_bytes,
+                                  cpu_run};
   return table;
 }
 

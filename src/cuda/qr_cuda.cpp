@@ -848,8 +848,9 @@ size_t cuda_shared_bytes(Context &, const QrCall &call) {
 }  // namespace
 
 const QrKernels &cuda_qr_table() {
-  static const QrKernels table = {false,           cuda_default_concurrency, cuda_batched,
-                                  cuda_lane_bytes, cuda_shared_bytes,        cuda_run};
+  static const QrKernels table = {false,        false,           cuda_default_concurrency,
+                                  cuda_batched, cuda_lane_bytes, cuda_shared_bytes,
+                                  cuda_run};
   return table;
 }
 

@@ -118,15 +118,26 @@ const char *reason(uint32_t flags, bool power) {
   return "the factorization overflowed (NaN or Inf in the result)";
 }
 
-/* Writes the statuses, logs fall-backs, and throws if any matrix failed. */
+/* Writes the statuses (and opts->rank_deficient), logs fall-backs and
+ * rank-deficient matrices, and throws if any matrix failed. */
 void report(const QrCall &call, const uint32_t *flags, const QrList &list,
-            osft_status_t *statuses) {
+            osft_status_t *statuses, int *rank_deficient) {
   if (statuses != nullptr)
     for (size_t i = 0; i < list.count; ++i) statuses[i] = OSFT_STATUS_SUCCESS;
-  size_t failed = 0, fell_back = 0, first = list.count;
+  if (rank_deficient != nullptr)
+    for (size_t i = 0; i < list.count; ++i) rank_deficient[i] = 0;
+  size_t failed = 0, fell_back = 0, deficient = 0, first = list.count;
   uint32_t first_flags = 0;
   for (size_t p = 0; p < call.count; ++p) {
     const size_t i = call.jobs[p].index;
+    if (flags[p] & kQrRankReported) {
+      ++deficient;
+      if (rank_deficient != nullptr) rank_deficient[i] = 1;
+      log_message(OSFT_LOG_DEBUG,
+                  "qr: %s %zu is rank-deficient to the tolerance; factored and written "
+                  "(opts->rank_deficient)",
+                  list.iterations > 0 ? "pair" : "matrix", i);
+    }
     if (flags[p] & kQrFellBack) {
       ++fell_back;
       log_message(OSFT_LOG_DEBUG,
@@ -147,6 +158,9 @@ void report(const QrCall &call, const uint32_t *flags, const QrList &list,
   if (fell_back > 0)
     log_message(OSFT_LOG_DEBUG, "qr: %zu of %zu matrices fell back to Householder",
                 fell_back, list.count);
+  if (deficient > 0)
+    log_message(OSFT_LOG_DEBUG, "qr: %zu of %zu matrices rank-deficient, factored anyway",
+                deficient, list.count);
   if (failed == 0) return;
   const bool power = list.iterations > 0;
   char name[64];
@@ -159,6 +173,52 @@ void report(const QrCall &call, const uint32_t *flags, const QrList &list,
         "computed; per_matrix_status has each)",
         name, reason(first_flags, power), failed, list.count,
         power ? "pairs" : "matrices");
+}
+
+/* For kernels that fail a rank-deficient job even when it asked to be
+ * factored (QrKernels::reports_rank_deficient false): those jobs alone run
+ * again with the rank check off, on the scratch already reserved (a subset
+ * of the jobs on at most as many lanes needs no more), and are flagged
+ * kQrRankReported. A matrix's result does not depend on the rest of the
+ * list, so the rerun gives what a single call would have. */
+void rerun_rank_deficient(Context &ctx, const QrKernels &k, const QrCall &call,
+                          size_t list_count, int concurrency, size_t reserved,
+                          void *scratch, uint32_t *flags) {
+  size_t count = 0;
+  for (size_t p = 0; p < call.count; ++p)
+    if (call.jobs[p].factor_deficient && (flags[p] & kQrFailureMask) == kQrRankDeficient)
+      ++count;
+  if (count == 0) return;
+  HostArray<QrJob> jobs(ctx, count);
+  HostArray<size_t> position(ctx, list_count);
+  size_t c = 0;
+  for (size_t p = 0; p < call.count; ++p) {
+    if (!(call.jobs[p].factor_deficient &&
+          (flags[p] & kQrFailureMask) == kQrRankDeficient))
+      continue;
+    jobs[c] = call.jobs[p];
+    jobs[c].rank_tol = -1.0;
+    position[call.jobs[p].index] = p;
+    ++c;
+  }
+  QrCall again = call;
+  again.jobs = jobs.get();
+  again.count = count;
+  HostArray<size_t> lane_offset(
+      ctx, std::min(static_cast<size_t>(std::max(concurrency, 1)), count));
+  const size_t bytes = plan_call(ctx, k, again, concurrency, lane_offset, list_count);
+  if (bytes > reserved)
+    raise(OSFT_STATUS_INTERNAL_ERROR,
+          "qr: the rank-deficient rerun needs %zu bytes > %zu", bytes, reserved);
+  again.lane_offset = lane_offset.get();
+  HostArray<uint32_t> again_flags(ctx, count);
+  k.run(ctx, again, scratch, again_flags.get());
+  for (size_t q = 0; q < count; ++q) {
+    const size_t p = position[again.jobs[q].index];
+    flags[p] = (again_flags[q] & kQrFailureMask) != 0
+                   ? again_flags[q]
+                   : (flags[p] & kQrFellBack) | again_flags[q] | kQrRankReported;
+  }
 }
 
 }  // namespace
@@ -180,6 +240,7 @@ void run_qr(Context &ctx, const osft_qr_options_t &opts, const QrList &list,
     QrJob j = all[i];
     if (j.m() == 0 || j.n() == 0) continue; /* nothing to compute */
     j.rank_tol = resolve_rank_tol(opts.rank_tolerance, j);
+    j.factor_deficient = opts.rank_deficient != nullptr;
     jobs[call.count++] = j;
   }
   call.jobs = jobs.get();
@@ -195,8 +256,11 @@ void run_qr(Context &ctx, const osft_qr_options_t &opts, const QrList &list,
     log_message(OSFT_LOG_DEBUG, "qr: %zu matrices on %d lane(s), %zu bytes of scratch",
                 call.count, call.lanes, bytes);
     k.run(ctx, call, scratch, flags.get());
+    if (!k.reports_rank_deficient && opts.rank_deficient != nullptr)
+      rerun_rank_deficient(ctx, k, call, list.count, concurrency, bytes, scratch,
+                           flags.get());
   }
-  report(call, flags.get(), list, per_matrix_status);
+  report(call, flags.get(), list, per_matrix_status, opts.rank_deficient);
 }
 
 }  // namespace osft
