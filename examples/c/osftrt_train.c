@@ -24,7 +24,7 @@
  * separate host buffers on the CPU, so it is testable without a GPU and
  * must give the same losses, bit for bit, as --device cpu.
  *
- * Exit status: 0 on success; 1 on bad flags or data; 2 on a libosftrt
+ * Exit status: 0 on success; 1 on bad flags, data or checkpoint; 2 on a libosftrt
  * error (the message names the call and the library's reason); 3 when
  * --check is given and a check failed.
  */
@@ -39,24 +39,6 @@
 #ifndef OSFT_TRAIN_DATA_DIR
 #define OSFT_TRAIN_DATA_DIR "examples/data"
 #endif
-
-typedef struct {
-  int64_t pretrain_steps, steps, batch, seq;
-  double rank_ratio;
-  uint64_t seed;
-  opt_kind_t opt;
-  size_t tile_budget, loss_budget;
-  double lr, ft_lr;
-  int64_t log_every, eval_every, eval_tokens;
-  int refresh_every;
-  const char *data_dir;
-  int check;
-  int grad_check;
-  int print_losses;
-  const char *device; /* auto, cpu, cuda or staged */
-  double check_ratio; /* --check: OSFT's task-A rise < ratio x full's */
-  dims_t d;
-} config_t;
 
 static void usage(FILE *f) {
   fprintf(
@@ -98,7 +80,20 @@ static void usage(FILE *f) {
       "                      GPU path's copies between separate host buffers, on\n"
       "                      the CPU, for testing)\n"
       "  --print-losses      also print every training and evaluation loss exactly\n"
-      "                      (hex), one 'loss-bits' line each\n"
+      "                      (hex), one 'loss-bits' line each, and a CRC32 of each\n"
+      "                      phase's final weights ('weights-bits')\n"
+      "  --save DIR          write checkpoints to DIR/train.ckpt (DIR created if\n"
+      "                      missing), atomically: at the end of the run, and every\n"
+      "                      --save-every steps\n"
+      "  --save-every N      also save every N steps, counted over the three phases\n"
+      "                      (pre-training, full FT, OSFT)\n"
+      "  --resume DIR        continue the run that wrote DIR/train.ckpt (same flags;\n"
+      "                      the losses are bit for bit those of a run that was never\n"
+      "                      stopped, with the same --save-every)\n"
+      "  --stop-after N      stop after step N (counted as --save-every), saving\n"
+      "                      there with --save: an interruption, for tests\n"
+      "  --inspect DIR       verify DIR/train.ckpt (format and every checksum), list\n"
+      "                      its tensors, and exit (0 if it reads)\n"
       "Byte sizes take K/M suffixes.\n");
 }
 
@@ -227,6 +222,16 @@ static void parse_args(config_t *c, int argc, char **argv) {
       c->check_ratio = parse_real(f, v);
     else if (strcmp(f, "--device") == 0)
       c->device = v;
+    else if (strcmp(f, "--save") == 0)
+      c->save_dir = v;
+    else if (strcmp(f, "--save-every") == 0)
+      c->save_every = parse_int(f, v, 1);
+    else if (strcmp(f, "--resume") == 0)
+      c->resume_dir = v;
+    else if (strcmp(f, "--stop-after") == 0)
+      c->stop_after = parse_int(f, v, 1);
+    else if (strcmp(f, "--inspect") == 0)
+      c->inspect_dir = v;
     else {
       usage(stderr);
       train_fail("unknown flag %s", f);
@@ -234,6 +239,9 @@ static void parse_args(config_t *c, int argc, char **argv) {
   }
   if (!(c->rank_ratio < 1)) train_fail("--rank-ratio must lie in (0, 1)");
   if (c->d.blocks > MAX_BLOCKS) train_fail("--blocks: at most %d", MAX_BLOCKS);
+  if (c->stop_after > c->pretrain_steps + 2 * c->steps)
+    train_fail("--stop-after %lld: the run has %lld steps", (long long)c->stop_after,
+               (long long)(c->pretrain_steps + 2 * c->steps));
   c->d.h = c->d.k * c->d.e;
 }
 
@@ -277,23 +285,6 @@ static void optimizer_setup(optimizer_t *o, const config_t *c, osft_context_t ct
   optimizer_init(o, ctx, m->params, m->nparams);
 }
 
-enum { MAX_EVALS = 1024 };
-
-typedef struct {
-  const char *name;
-  int64_t trainable;
-  double a_before, b_before, a_after, b_after;
-  double first_loss, last_loss; /* training loss, first and last log window */
-  double seconds, tokens_per_s, qr_seconds;
-  int64_t qr_calls, qr_matrices;
-  uint64_t lib_peak;
-  size_t state_bytes;
-  double orth_max; /* OSFT: the largest residual after any step */
-  int nevals;
-  int64_t eval_step[MAX_EVALS];
-  double eval_a[MAX_EVALS], eval_b[MAX_EVALS];
-} run_t;
-
 /* The update after model_step: OSFT's gradient projection on the device
  * (one batched call), the gradients to the host, the optimizer there, the
  * parameters back to the device; OSFT: their projection (one batched call),
@@ -319,65 +310,106 @@ static void update(const config_t *c, model_t *m, optimizer_t *o, double lr, int
   }
 }
 
-/* Trains `m` on `task` for `steps` steps; evaluates both tasks every
- * eval_every steps when `track` (fine-tuning). */
-static void train(const config_t *c, model_t *m, optimizer_t *o, const char *label,
-                  const corpus_t *task, const corpus_t *a, const corpus_t *b,
-                  int64_t steps, double base_lr, uint64_t data_seed, int track,
+/* The three phases: pre-training (dense, task A, from random weights), then
+ * from its weights full fine-tuning and OSFT on task B, on the same
+ * batches. */
+typedef struct {
+  const char *label; /* of the progress and loss-bits lines */
+  const char *title;
+  const char *run_name;
+  int osft;
+  int track; /* fine-tuning: evaluate both tasks every eval_every steps */
+} phase_def_t;
+
+static const phase_def_t phase_defs[PHASES] = {
+    {"pretrain", "pre-training the dense model on task A", "pre-train (dense)", 0, 0},
+    {"full-ft", "fine-tuning on task B: full", "full fine-tuning", 0, 1},
+    {"osft", "fine-tuning on task B: OSFT", "OSFT", 1, 1},
+};
+
+static int64_t phase_steps(const config_t *c, int phase) {
+  return phase == PHASE_PRETRAIN ? c->pretrain_steps : c->steps;
+}
+
+int64_t global_step(const config_t *c, int phase, int64_t step) {
+  for (int p = 0; p < phase; ++p) step += phase_steps(c, p);
+  return step;
+}
+
+int64_t total_steps(const config_t *c) {
+  return global_step(c, PHASES, 0);
+}
+
+/* After a step: a checkpoint where one is due (every --save-every steps,
+ * at --stop-after and at the end of the run), and the stop. */
+static void after_step(const session_t *s, const loop_state_t *t, model_t *m,
+                       const optimizer_t *o) {
+  const config_t *c = s->c;
+  const int64_t g = global_step(c, t->phase, t->step);
+  const int stop = g == c->stop_after;
+  if (c->save_dir != NULL &&
+      ((c->save_every > 0 && g % c->save_every == 0) || stop || g == total_steps(c)))
+    checkpoint_save(c->save_dir, s, t, m, o);
+  if (!stop) return;
+  printf("osftrt_train: stopped after step %lld of %lld (--stop-after)%s%s\n",
+         (long long)g, (long long)total_steps(c),
+         c->save_dir ? "; continue with --resume " : "", c->save_dir ? c->save_dir : "");
+  fflush(stdout);
+  exit(0);
+}
+
+/* Trains `m` from where *t stands to the end of its phase; evaluates both
+ * tasks every eval_every steps when the phase tracks them. */
+static void train(const session_t *s, model_t *m, optimizer_t *o, loop_state_t *t,
                   run_t *run) {
-  rng_t rng;
-  rng_seed(&rng, data_seed);
+  const config_t *c = s->c;
+  const phase_def_t *pd = &phase_defs[t->phase];
+  const corpus_t *task = t->phase == PHASE_PRETRAIN ? s->a : s->b;
+  const int64_t steps = phase_steps(c, t->phase);
+  const double base_lr = t->phase == PHASE_PRETRAIN ? c->lr : c->ft_lr;
   batch_t bt;
   batch_alloc(&bt, c->batch * c->seq, c->d.k);
-  double window_loss = 0, window_time = 0, train_time = 0;
-  int64_t window_steps = 0;
-  run->first_loss = -1;
-  run->orth_max = 0;
-  if (track) {
-    run->nevals = 0;
-    run->eval_step[0] = 0;
-    run->eval_a[0] = run->a_before;
-    run->eval_b[0] = run->b_before;
-    run->nevals = 1;
-  }
-  for (int64_t step = 0; step < steps; ++step) {
-    batch_sample(&bt, task, &rng, c->batch, c->seq);
+  while (t->step < steps) {
+    const int64_t step = t->step;
+    batch_sample(&bt, task, &t->rng, c->batch, c->seq);
     const double t0 = now_seconds();
     const double loss = model_step(m, &bt, 1);
     update(c, m, o, schedule(base_lr, step, steps), step, run);
     const double dt = now_seconds() - t0;
     if (!isfinite(loss))
-      train_fail("%s: the loss is %f at step %lld", label, loss, (long long)step + 1);
+      train_fail("%s: the loss is %f at step %lld", pd->label, loss, (long long)step + 1);
     if (c->print_losses)
-      printf("loss-bits %s step %lld %a\n", label, (long long)step + 1, loss);
-    window_loss += loss;
-    window_time += dt;
-    train_time += dt;
-    window_steps++;
+      printf("loss-bits %s step %lld %a\n", pd->label, (long long)step + 1, loss);
+    t->window_loss += loss;
+    t->window_time += dt;
+    t->train_time += dt;
+    t->window_steps++;
     if ((step + 1) % c->log_every == 0 || step + 1 == steps) {
-      const double mean = window_loss / (double)window_steps;
+      const double mean = t->window_loss / (double)t->window_steps;
       if (run->first_loss < 0) run->first_loss = mean;
       run->last_loss = mean;
-      printf("  %-9s step %5lld/%lld  loss %.4f  %8.0f tok/s\n", label,
+      printf("  %-9s step %5lld/%lld  loss %.4f  %8.0f tok/s\n", pd->label,
              (long long)step + 1, (long long)steps, mean,
-             (double)(window_steps * bt.tokens) / fmax(window_time, 1e-9));
+             (double)(t->window_steps * bt.tokens) / fmax(t->window_time, 1e-9));
       fflush(stdout);
-      window_loss = window_time = 0;
-      window_steps = 0;
+      t->window_loss = t->window_time = 0;
+      t->window_steps = 0;
     }
-    if (track && ((step + 1) % c->eval_every == 0 || step + 1 == steps) &&
+    if (pd->track && ((step + 1) % c->eval_every == 0 || step + 1 == steps) &&
         run->nevals < MAX_EVALS) {
       run->eval_step[run->nevals] = step + 1;
-      run->eval_a[run->nevals] = model_eval(m, a, c->eval_tokens);
-      run->eval_b[run->nevals] = model_eval(m, b, c->eval_tokens);
+      run->eval_a[run->nevals] = model_eval(m, s->a, c->eval_tokens);
+      run->eval_b[run->nevals] = model_eval(m, s->b, c->eval_tokens);
       if (c->print_losses)
-        printf("loss-bits %s eval %lld %a %a\n", label, (long long)step + 1,
+        printf("loss-bits %s eval %lld %a %a\n", pd->label, (long long)step + 1,
                run->eval_a[run->nevals], run->eval_b[run->nevals]);
       run->nevals++;
     }
+    t->step = step + 1;
+    after_step(s, t, m, o);
   }
-  run->seconds = train_time;
-  run->tokens_per_s = (double)(steps * bt.tokens) / fmax(train_time, 1e-9);
+  run->seconds = t->train_time;
+  run->tokens_per_s = (double)(steps * bt.tokens) / fmax(t->train_time, 1e-9);
   run->qr_seconds = o->qr_seconds;
   run->qr_calls = o->qr_calls;
   run->qr_matrices = o->qr_matrices;
@@ -393,62 +425,105 @@ static model_options_t model_options(const config_t *c) {
   return mo;
 }
 
-/* Pre-trains a dense model on task A from random weights into *w. */
-static void pretrain(const config_t *c, weights_t *w, const corpus_t *a,
-                     const corpus_t *b, run_t *run) {
-  rng_t rng;
-  rng_seed(&rng, c->seed);
-  weights_t init;
-  weights_alloc(&init, &c->d);
-  weights_init(&init, &c->d, &rng);
-  osft_context_t ctx = new_context();
-  const model_options_t mo = model_options(c);
-  model_t m;
-  model_create(&m, ctx, &c->d, &init, 0, &mo);
-  optimizer_t o;
-  optimizer_setup(&o, c, ctx, &m);
-  run->name = "pre-train (dense)";
-  run->trainable = model_trainable(&m);
-  run->a_before = model_eval(&m, a, c->eval_tokens);
-  run->b_before = model_eval(&m, b, c->eval_tokens);
-  train(c, &m, &o, "pretrain", a, a, b, c->pretrain_steps, c->lr, c->seed * 1000 + 1, 0,
-        run);
-  run->a_after = model_eval(&m, a, c->eval_tokens);
-  run->b_after = model_eval(&m, b, c->eval_tokens);
-  run->lib_peak = peak_bytes(ctx);
-  run->state_bytes = optimizer_state_bytes(&o);
-  weights_copy(w, &m.w, &c->d);
-  optimizer_free(&o);
-  model_destroy(&m);
-  weights_free(&init, &c->d);
-  CHECK(osft_context_destroy(ctx));
+/* A phase's start without a checkpoint: the loop at step 0 with its batch
+ * RNG seeded, the run's "before" losses evaluated. */
+static void start_fresh(const session_t *s, int phase, model_t *m, loop_state_t *t,
+                        run_t *run) {
+  const config_t *c = s->c;
+  memset(t, 0, sizeof *t);
+  t->phase = phase;
+  rng_seed(&t->rng, c->seed * 1000 + (phase == PHASE_PRETRAIN ? 1 : 2));
+  run->a_before = model_eval(m, s->a, c->eval_tokens);
+  run->b_before = model_eval(m, s->b, c->eval_tokens);
+  run->first_loss = -1;
+  run->orth_max = 0;
+  run->nevals = 0;
+  if (phase_defs[phase].track) {
+    run->eval_step[0] = 0;
+    run->eval_a[0] = run->a_before;
+    run->eval_b[0] = run->b_before;
+    run->nevals = 1;
+  }
 }
 
-/* Fine-tunes the checkpoint on task B, fully or with OSFT. */
-static void finetune(const config_t *c, const weights_t *w, int osft, const corpus_t *a,
-                     const corpus_t *b, run_t *run) {
+/* Runs one phase: from the pre-trained weights (pre-training: random
+ * ones), or, with `ck`, from the checkpoint written in this phase. */
+static void run_phase(session_t *s, int phase, const checkpoint_t *ck) {
+  const config_t *c = s->c;
+  const phase_def_t *pd = &phase_defs[phase];
+  run_t *run = s->runs[phase];
+  weights_t init;
+  const weights_t *from = s->pretrained;
+  if (phase == PHASE_PRETRAIN) {
+    rng_t rng;
+    rng_seed(&rng, c->seed);
+    weights_alloc(&init, &c->d);
+    weights_init(&init, &c->d, &rng);
+    from = &init;
+  }
   osft_context_t ctx = new_context();
   const model_options_t mo = model_options(c);
   const double t0 = now_seconds();
   model_t m;
-  model_create(&m, ctx, &c->d, w, osft, &mo); /* OSFT: the SVDs happen here */
-  const double setup = now_seconds() - t0;
+  model_create(&m, ctx, &c->d, from, pd->osft, &mo); /* OSFT: the SVDs happen here */
   optimizer_t o;
   optimizer_setup(&o, c, ctx, &m);
-  run->name = osft ? "OSFT" : "full fine-tuning";
+  loop_state_t t;
+  if (ck != NULL) {
+    checkpoint_load_model(ck, &m);
+    checkpoint_load_optimizer(ck, &o);
+    checkpoint_load_loop(ck, &t);
+    checkpoint_load_run(ck, phase, run);
+  }
+  const double setup = now_seconds() - t0;
+  if (ck == NULL) start_fresh(s, phase, &m, &t, run);
+  run->name = pd->run_name;
   run->trainable = model_trainable(&m);
-  run->a_before = model_eval(&m, a, c->eval_tokens);
-  run->b_before = model_eval(&m, b, c->eval_tokens);
-  train(c, &m, &o, osft ? "osft" : "full-ft", b, a, b, c->steps, c->ft_lr,
-        c->seed * 1000 + 2, 1, run);
-  run->seconds += setup;
-  run->a_after = run->eval_a[run->nevals - 1];
-  run->b_after = run->eval_b[run->nevals - 1];
+  train(s, &m, &o, &t, run);
+  if (pd->track) {
+    run->seconds += setup;
+    run->a_after = run->eval_a[run->nevals - 1];
+    run->b_after = run->eval_b[run->nevals - 1];
+  } else {
+    run->a_after = model_eval(&m, s->a, c->eval_tokens);
+    run->b_after = model_eval(&m, s->b, c->eval_tokens);
+    weights_copy(s->pretrained, &m.w, &c->d);
+  }
+  if (c->print_losses) printf("weights-bits %s %08x\n", pd->label, model_digest(&m));
   run->lib_peak = peak_bytes(ctx);
   run->state_bytes = optimizer_state_bytes(&o);
   optimizer_free(&o);
   model_destroy(&m);
+  if (phase == PHASE_PRETRAIN) weights_free(&init, &c->d);
   CHECK(osft_context_destroy(ctx));
+}
+
+/* The experiment's phases, from the start or from --resume's checkpoint
+ * (the phases before it restored, not rerun). */
+static void run_phases(session_t *s) {
+  const config_t *c = s->c;
+  checkpoint_t *ck = NULL;
+  int first = PHASE_PRETRAIN;
+  if (c->resume_dir != NULL) {
+    ck = checkpoint_open(c->resume_dir, c, s->a, s->b);
+    first = checkpoint_phase(ck);
+    loop_state_t t;
+    checkpoint_load_loop(ck, &t);
+    printf("resuming from %s/train.ckpt: %s, after step %lld of %lld\n", c->resume_dir,
+           phase_defs[first].run_name, (long long)global_step(c, first, t.step),
+           (long long)total_steps(c));
+    if (first > PHASE_PRETRAIN) checkpoint_load_pretrained(ck, s->pretrained, &c->d);
+    for (int p = 0; p < first; ++p) checkpoint_load_run(ck, p, s->runs[p]);
+  }
+  for (int p = PHASE_PRETRAIN; p < PHASES; ++p) {
+    printf("== %s%s\n", phase_defs[p].title,
+           p < first ? " (done before the checkpoint)" : "");
+    if (p >= first) run_phase(s, p, p == first ? ck : NULL);
+    if (p == PHASE_PRETRAIN)
+      printf("  task-A loss %.4f -> %.4f nats/byte (task B: %.4f)\n",
+             s->runs[p]->a_before, s->runs[p]->a_after, s->runs[p]->b_after);
+  }
+  checkpoint_close(ck);
 }
 
 /* Full fine-tuning's task-A loss where its task-B loss first reached
@@ -597,6 +672,10 @@ static void print_device(int gpus) {
 int main(int argc, char **argv) {
   config_t c;
   parse_args(&c, argc, argv);
+  if (c.inspect_dir != NULL) {
+    checkpoint_inspect(c.inspect_dir);
+    return 0;
+  }
   const unsigned lib = osft_version();
   if (lib / 10000 != OSFT_VERSION_MAJOR || lib < OSFT_VERSION_NUMBER)
     train_fail("libosftrt %s does not match the headers %d.%d.%d", osft_version_string(),
@@ -643,14 +722,8 @@ int main(int argc, char **argv) {
   memset(&pre, 0, sizeof pre);
   memset(&full, 0, sizeof full);
   memset(&osft, 0, sizeof osft);
-  printf("== pre-training the dense model on task A\n");
-  pretrain(&c, &ckpt, &a, &b, &pre);
-  printf("  task-A loss %.4f -> %.4f nats/byte (task B: %.4f)\n", pre.a_before,
-         pre.a_after, pre.b_after);
-  printf("== fine-tuning on task B: full\n");
-  finetune(&c, &ckpt, 0, &a, &b, &full);
-  printf("== fine-tuning on task B: OSFT\n");
-  finetune(&c, &ckpt, 1, &a, &b, &osft);
+  session_t session = {&c, &a, &b, &ckpt, {&pre, &full, &osft}};
+  run_phases(&session);
 
   double match_step;
   const double a_match = a_at_b(&full, osft.b_after, &match_step);

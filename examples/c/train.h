@@ -8,6 +8,8 @@
  *   train_optim.c  AdamW and SOAP (eigenbases refreshed by batched osft_qr
  *                  power iteration)
  *   train_device.c mirrored host/device buffers around the library calls
+ *   train_checkpoint.c  --save / --resume: the checkpoint file (format, atomic
+ *                  write, checks) and what it holds
  *   osftrt_train.c flags, the experiment, the table
  *
  * The trainer's own math runs on the CPU over host memory; libosftrt runs
@@ -97,6 +99,19 @@ void weights_alloc(weights_t *w, const dims_t *d);
 void weights_init(weights_t *w, const dims_t *d, rng_t *r);
 void weights_copy(weights_t *dst, const weights_t *src, const dims_t *d);
 void weights_free(weights_t *w, const dims_t *d);
+
+/* One array of a weights_t, named ("emb", "block0.mix", ..., "head");
+ * `projection`: a block projection or the head (an OSFT layer in OSFT
+ * mode), else the embedding or a norm's gain. */
+typedef struct {
+  char name[32];
+  float *data;
+  int64_t rows, cols; /* compact; vectors are 1 x n */
+  int projection;
+} wtensor_t;
+enum { MAX_WTENSORS = 3 + 6 * MAX_BLOCKS };
+/* Every array of *w, in a fixed order; returns the count. */
+int weights_list(const weights_t *w, const dims_t *d, wtensor_t *out);
 
 /* A DLTensor over host memory (2-D with a row stride, or 1-D). */
 typedef struct {
@@ -226,6 +241,9 @@ typedef struct {
 
 void model_create(model_t *m, osft_context_t ctx, const dims_t *d, const weights_t *from,
                   int osft, const model_options_t *o);
+/* A host mirror (dbuf_mirror_dev, downloaded now) of one factor of a layer
+ * (library memory); dbuf_upload writes it back, dbuf_free releases it. */
+void factor_mirror(osft_flinear_t layer, osft_flinear_factor_t which, dbuf_t *b);
 void model_destroy(model_t *m);
 /* Mean cross-entropy (nats per byte) of a batch; with `train` also every
  * trainable gradient, on the device side (OSFT: the factor gradients, not
@@ -275,5 +293,113 @@ void gemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha
           int64_t ldc);
 
 double now_seconds(void);
+
+/* ------------------------------------------------------- experiment */
+
+typedef struct {
+  int64_t pretrain_steps, steps, batch, seq;
+  double rank_ratio;
+  uint64_t seed;
+  opt_kind_t opt;
+  size_t tile_budget, loss_budget;
+  double lr, ft_lr;
+  int64_t log_every, eval_every, eval_tokens;
+  int refresh_every;
+  const char *data_dir;
+  int check;
+  int grad_check;
+  int print_losses;
+  const char *device; /* auto, cpu, cuda or staged */
+  double check_ratio; /* --check: OSFT's task-A rise < ratio x full's */
+  dims_t d;
+  /* checkpoints (train_checkpoint.c) */
+  const char *save_dir;    /* --save: NULL for none */
+  int64_t save_every;      /* --save-every: 0 = only at the end */
+  const char *resume_dir;  /* --resume */
+  const char *inspect_dir; /* --inspect */
+  int64_t stop_after;      /* --stop-after: 0 = run to the end */
+} config_t;
+
+/* The three phases of the experiment, in order; a checkpoint names the
+ * one it was written in. */
+enum { PHASE_PRETRAIN = 0, PHASE_FULL = 1, PHASE_OSFT = 2, PHASES = 3 };
+
+enum { MAX_EVALS = 1024 };
+
+/* What a phase reports (one row of the results). */
+typedef struct {
+  const char *name;
+  int64_t trainable;
+  double a_before, b_before, a_after, b_after;
+  double first_loss, last_loss; /* training loss, first and last log window */
+  double seconds, tokens_per_s, qr_seconds;
+  int64_t qr_calls, qr_matrices;
+  uint64_t lib_peak;
+  size_t state_bytes;
+  double orth_max; /* OSFT: the largest residual after any step */
+  int nevals;
+  int64_t eval_step[MAX_EVALS];
+  double eval_a[MAX_EVALS], eval_b[MAX_EVALS];
+} run_t;
+
+/* The training loop's own state: where it is and what it has summed. */
+typedef struct {
+  int phase;
+  int64_t step; /* steps of this phase done */
+  rng_t rng;    /* the batch sampler's */
+  double window_loss, window_time, train_time;
+  int64_t window_steps;
+} loop_state_t;
+
+/* Everything of the experiment that outlives one phase. */
+typedef struct {
+  const config_t *c;
+  const corpus_t *a, *b;
+  weights_t *pretrained; /* the checkpoint the fine-tunings start from */
+  run_t *runs[PHASES];
+} session_t;
+
+/* Global step (over the three phases) of `step` steps into `phase`. */
+int64_t global_step(const config_t *c, int phase, int64_t step);
+int64_t total_steps(const config_t *c);
+
+/* ------------------------------------------------------- checkpoint */
+
+/* A checkpoint read into memory with every checksum verified. */
+typedef struct checkpoint_s checkpoint_t;
+
+/* Writes DIR/train.ckpt (DIR is created if missing) with everything a
+ * resumed run needs: the configuration, the data's digests, the loop
+ * state, the runs so far, the pre-trained weights (fine-tuning phases),
+ * the model (dense weights; OSFT: the frozen dense tensors and every
+ * layer's six factors), the optimizer's state. Atomic: a temporary file
+ * in DIR, fsync, rename over the old checkpoint, fsync of DIR. OSFT: then
+ * drops every layer's kept W (osft_flinear_refresh), so the next step
+ * builds it from the factors as a resumed run does. Stops the program
+ * with a message on any I/O error. */
+void checkpoint_save(const char *dir, const session_t *s, const loop_state_t *t,
+                     model_t *m, const optimizer_t *o);
+/* Reads DIR/train.ckpt and verifies its format and every checksum, and
+ * that it was written by this configuration on the same data; stops the
+ * program with a message naming the file and the field otherwise. */
+checkpoint_t *checkpoint_open(const char *dir, const config_t *c, const corpus_t *a,
+                              const corpus_t *b);
+void checkpoint_close(checkpoint_t *ck);
+/* The phase it was written in. */
+int checkpoint_phase(const checkpoint_t *ck);
+void checkpoint_load_run(const checkpoint_t *ck, int phase, run_t *run);
+/* The pre-trained weights (a checkpoint of a fine-tuning phase). */
+void checkpoint_load_pretrained(const checkpoint_t *ck, weights_t *w, const dims_t *d);
+/* Into a model made by model_create (any weights of the right shapes):
+ * its state as saved (OSFT: factors written through the layers' views,
+ * then osft_flinear_refresh), and the optimizer's state and the loop's. */
+void checkpoint_load_model(const checkpoint_t *ck, model_t *m);
+void checkpoint_load_optimizer(const checkpoint_t *ck, optimizer_t *o);
+void checkpoint_load_loop(const checkpoint_t *ck, loop_state_t *t);
+/* --inspect: verifies DIR/train.ckpt (format and checksums) and lists it;
+ * stops the program with a message if it does not read. */
+void checkpoint_inspect(const char *dir);
+/* CRC32 of the model's state (the tensors a checkpoint holds for it). */
+uint32_t model_digest(model_t *m);
 
 #endif /* OSFTRT_TRAIN_H */

@@ -95,34 +95,46 @@ void weights_init(weights_t *w, const dims_t *d, rng_t *r) {
   fill_normal(w->head, VOCAB * d->h, 1.0 / sqrt((double)d->h), r);
 }
 
-#define COPY(field, n) memcpy(dst->field, src->field, sizeof(float) * (size_t)(n))
-void weights_copy(weights_t *dst, const weights_t *src, const dims_t *d) {
-  COPY(emb, VOCAB * d->e);
-  for (int64_t b = 0; b < d->blocks; ++b) {
-    COPY(norm1[b], d->h);
-    COPY(mix[b], d->h * d->h);
-    COPY(norm2[b], d->h);
-    COPY(gate[b], d->inter * d->h);
-    COPY(up[b], d->inter * d->h);
-    COPY(down[b], d->h * d->inter);
-  }
-  COPY(normf, d->h);
-  COPY(head, VOCAB * d->h);
+static void wtensor(wtensor_t *t, const char *name, int64_t block, float *data,
+                    int64_t rows, int64_t cols, int projection) {
+  if (block < 0)
+    snprintf(t->name, sizeof t->name, "%s", name);
+  else
+    snprintf(t->name, sizeof t->name, "block%lld.%s", (long long)block, name);
+  t->data = data;
+  t->rows = rows;
+  t->cols = cols;
+  t->projection = projection;
 }
-#undef COPY
+
+int weights_list(const weights_t *w, const dims_t *d, wtensor_t *out) {
+  int n = 0;
+  wtensor(&out[n++], "emb", -1, w->emb, VOCAB, d->e, 0);
+  for (int64_t b = 0; b < d->blocks; ++b) {
+    wtensor(&out[n++], "norm1", b, w->norm1[b], 1, d->h, 0);
+    wtensor(&out[n++], "mix", b, w->mix[b], d->h, d->h, 1);
+    wtensor(&out[n++], "norm2", b, w->norm2[b], 1, d->h, 0);
+    wtensor(&out[n++], "gate", b, w->gate[b], d->inter, d->h, 1);
+    wtensor(&out[n++], "up", b, w->up[b], d->inter, d->h, 1);
+    wtensor(&out[n++], "down", b, w->down[b], d->h, d->inter, 1);
+  }
+  wtensor(&out[n++], "normf", -1, w->normf, 1, d->h, 0);
+  wtensor(&out[n++], "head", -1, w->head, VOCAB, d->h, 1);
+  return n;
+}
+
+void weights_copy(weights_t *dst, const weights_t *src, const dims_t *d) {
+  wtensor_t to[MAX_WTENSORS], from[MAX_WTENSORS];
+  const int n = weights_list(dst, d, to);
+  weights_list(src, d, from);
+  for (int i = 0; i < n; ++i)
+    memcpy(to[i].data, from[i].data, sizeof(float) * (size_t)(to[i].rows * to[i].cols));
+}
 
 void weights_free(weights_t *w, const dims_t *d) {
-  free(w->emb);
-  for (int64_t b = 0; b < d->blocks; ++b) {
-    free(w->norm1[b]);
-    free(w->mix[b]);
-    free(w->norm2[b]);
-    free(w->gate[b]);
-    free(w->up[b]);
-    free(w->down[b]);
-  }
-  free(w->normf);
-  free(w->head);
+  wtensor_t t[MAX_WTENSORS];
+  const int n = weights_list(w, d, t);
+  for (int i = 0; i < n; ++i) free(t[i].data);
   memset(w, 0, sizeof *w);
 }
 
@@ -151,7 +163,7 @@ void tview_vec(tview_t *v, float *data, int64_t n) {
 }
 
 /* A layer's factor (library memory: the device side) with a host mirror. */
-static void factor_mirror(osft_flinear_t layer, osft_flinear_factor_t which, dbuf_t *b) {
+void factor_mirror(osft_flinear_t layer, osft_flinear_factor_t which, dbuf_t *b) {
   DLTensor t;
   CHECK(osft_flinear_get_factor(layer, which, &t));
   if (t.ndim == 1) {
