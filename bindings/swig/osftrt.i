@@ -1106,6 +1106,23 @@ OSFTPY_HANDLE(osft_mlp_t, OSFTPY_MLP, osft_mlp_destroy)
 }
 %typemap(freearg) osft_status_t *per_matrix_status { free(st$argnum); }
 
+/* osft_qr_options_t.rank_deficient (an int array the call writes): set
+ * from Python as an address (an int, e.g. a contiguous int32 tensor's
+ * data_ptr(), kept alive by the caller through the call) or None (NULL);
+ * read back as an address. osftrt.batched_qr / power_iteration do this. */
+%typemap(in) int *rank_deficient {
+  if ($input == Py_None) {
+    $1 = NULL;
+  } else {
+    void *p = PyLong_AsVoidPtr($input);
+    if (p == NULL && PyErr_Occurred()) SWIG_fail;
+    $1 = (int *)p;
+  }
+}
+%typemap(out) int *rank_deficient {
+  $result = $1 ? PyLong_FromVoidPtr((void *)$1) : (Py_INCREF(Py_None), Py_None);
+}
+
 /* All-gather counts: a sequence of ints. */
 %typemap(in) (const int64_t *counts, int64_t n_counts) (int64_t *c = NULL) {
   PyObject *fast = PySequence_Fast($input, "counts: expected a sequence of ints");

@@ -403,7 +403,7 @@ def test_batched_qr_per_matrix_failure(gen):
     bad = rand(gen, 6, 2)
     bad[2, 1] = float("nan")
     qs = [poison(7, 3), poison(6, 2), poison(5, 5)]
-    res = osftrt.batched_qr([good1, bad, good2], q=qs)
+    res = osftrt.batched_qr([good1, bad, good2], q=qs, failures="status")
     assert res.status == [0, capi.OSFT_STATUS_NUMERICAL_ERROR, 0] and not res.ok
     assert torch.isnan(qs[1]).all(), "a failed matrix's output must stay untouched"
     assert_close(qs[0], _qr64(good1)[0], 1e-4, 1e-4, "q0")

@@ -55,6 +55,7 @@ __all__ = [
     "batched_qr",
     "power_iteration",
     "QRResult",
+    "QRStatus",
     "version",
     "build_info",
     "default_context",
@@ -396,14 +397,16 @@ class Communicator:
 
 # --- batched QR ---------------------------------------------------------------
 class QRResult(tuple):
-    """(q, r, status): lists; status[i] is 0 (success) or
+    """(q, r, status): lists. status[i] is 0 (success) or
     capi.OSFT_STATUS_NUMERICAL_ERROR for a matrix that failed (its outputs are
-    left as they were)."""
+    left as they were). .rank_deficient[i] is True for a matrix that is
+    rank-deficient to the tolerance and was factored anyway
+    (rank_deficient="factor"), False elsewhere."""
 
-    __slots__ = ()
-
-    def __new__(cls, q, r, status):
-        return tuple.__new__(cls, (q, r, status))
+    def __new__(cls, q, r, status, rank_deficient=None):
+        self = tuple.__new__(cls, (q, r, status))
+        self.rank_deficient = list(rank_deficient) if rank_deficient is not None else [False] * len(status)
+        return self
 
     q = property(lambda self: self[0])
     r = property(lambda self: self[1])
@@ -414,17 +417,64 @@ class QRResult(tuple):
         return all(s == capi.OSFT_STATUS_SUCCESS for s in self[2])
 
 
+class QRStatus(list):
+    """power_iteration's per-pair statuses (a list of 0 or
+    capi.OSFT_STATUS_NUMERICAL_ERROR), with .rank_deficient as in QRResult."""
+
+    def __init__(self, status, rank_deficient=None):
+        super().__init__(status)
+        self.rank_deficient = list(rank_deficient) if rank_deficient is not None else [False] * len(status)
+
+
 _QR_METHODS = {"householder": capi.OSFT_QR_HOUSEHOLDER, "cholesky_qr2": capi.OSFT_QR_CHOLESKY_QR2,
                "choleskyqr2": capi.OSFT_QR_CHOLESKY_QR2, "cholesky_tf32": capi.OSFT_QR_CHOLESKY_TF32}
+_RANK_POLICIES = ("factor", "fail")
+_FAILURES = ("raise", "status")
 
 
-def _qr_options(method, orthogonality_threshold, rank_tolerance, max_concurrency):
+class _RankFlags:
+    """The int array osft_qr_options_t.rank_deficient points to, alive for
+    the call."""
+
+    def __init__(self, count):
+        import array
+
+        self._buf = array.array("i", [0] * max(count, 1))
+        self.count = count
+
+    @property
+    def address(self):
+        return self._buf.buffer_info()[0]
+
+    def values(self):
+        return [bool(v) for v in self._buf[: self.count]]
+
+
+def _qr_options(method, orthogonality_threshold, rank_tolerance, max_concurrency, rank_flags=None):
     o = capi.osft_qr_options_t()
     o.method = _QR_METHODS[method] if isinstance(method, str) else int(method)
     o.orthogonality_threshold = float(orthogonality_threshold)
     o.rank_tolerance = float(rank_tolerance)
     o.max_concurrency = int(max_concurrency)
+    if rank_flags is not None:
+        o.rank_deficient = rank_flags.address
     return o
+
+
+def _check_policies(rank_deficient, failures):
+    if rank_deficient not in _RANK_POLICIES:
+        raise ValueError("rank_deficient must be one of %s, got %r" % (", ".join(_RANK_POLICIES), rank_deficient))
+    if failures not in _FAILURES:
+        raise ValueError("failures must be one of %s, got %r" % (", ".join(_FAILURES), failures))
+
+
+def _qr_failure(err, status, what, result):
+    bad = [i for i, s in enumerate(status) if s != capi.OSFT_STATUS_SUCCESS]
+    e = NumericalError(err.status, "%s (%s failed: %s; the others were computed, .result has them)" % (
+        err.message, what, ", ".join(map(str, bad))))
+    e.result = result
+    e.failed = bad
+    return e
 
 
 def _empty_like(a, shape):
@@ -447,14 +497,28 @@ def batched_qr(
     q=None,
     r=None,
     context=None,
+    rank_deficient="factor",
+    failures="raise",
 ) -> QRResult:
     """Thin QR of every m x n (m >= n) matrix of a list of mixed shapes and
     dtypes (fp32/fp64; torch tensors or numpy arrays, zero-copy), in one call.
 
-    Returns QRResult(q, r, status). A matrix that is rank-deficient or not
-    finite fails alone: status[i] == OSFT_STATUS_NUMERICAL_ERROR and its
-    outputs are untouched (no exception; other errors raise).
+    Returns QRResult(q, r, status) with .rank_deficient.
+
+    rank_deficient: "factor" (default): a matrix that is rank-deficient to
+    rank_tolerance (default max(m, n) eps of its dtype) is still factored
+    (Householder QR is defined for any finite matrix: Q orthonormal, Q R = A,
+    diag(R) >= 0; the columns beyond the numerical rank are not unique),
+    written, and reported in result.rank_deficient; "fail": such a matrix
+    fails like a non-finite one (osft_qr_options_t.rank_deficient NULL).
+    failures: what a matrix that still fails (NaN or Inf, overflow; and
+    rank-deficient under "fail") does: "raise" (default) raises
+    osftrt.NumericalError after the call, naming the failed indices, with
+    .result (the QRResult: the others were computed) and .failed; "status":
+    no exception, status[i] == OSFT_STATUS_NUMERICAL_ERROR and its outputs
+    untouched. Other errors always raise, before anything is written.
     """
+    _check_policies(rank_deficient, failures)
     mats = list(matrices)
     if in_place:
         qs = mats
@@ -469,12 +533,17 @@ def batched_qr(
     else:
         rs = None
     status = []
-    opts = _qr_options(method, orthogonality_threshold, rank_tolerance, max_concurrency)
+    flags = _RankFlags(len(mats)) if rank_deficient == "factor" else None
+    opts = _qr_options(method, orthogonality_threshold, rank_tolerance, max_concurrency, flags)
+    error = None
     try:
         capi.osft_qr_batch(_handle(context), opts, mats, None if in_place else qs, rs, status)
-    except NumericalError:
-        pass
-    return QRResult(qs, rs, status)
+    except NumericalError as e:
+        error = e
+    result = QRResult(qs, rs, status, flags.values() if flags is not None else None)
+    if error is not None and failures == "raise":
+        raise _qr_failure(error, status, "matrices", result)
+    return result
 
 
 def power_iteration(
@@ -487,16 +556,30 @@ def power_iteration(
     rank_tolerance=0.0,
     max_concurrency=0,
     context=None,
-):
-    """iterations times Q_i <- qr(A_i Q_i) for every pair, in place on q.
-    Returns the per-matrix statuses (0 or OSFT_STATUS_NUMERICAL_ERROR)."""
+    rank_deficient="factor",
+    failures="raise",
+) -> QRStatus:
+    """iterations times Q_i <- qr(A_i Q_i) for every pair, in place on q
+    (SOAP/Shampoo's eigenbasis refresh, all pairs in one call).
+    Returns the per-pair statuses (0 or OSFT_STATUS_NUMERICAL_ERROR) as a
+    QRStatus list with .rank_deficient (True where a product A_i Q was
+    rank-deficient and was factored anyway). rank_deficient and failures as
+    for batched_qr; a failed pair keeps its Q (under failures="raise" the
+    exception's .result is this list)."""
+    _check_policies(rank_deficient, failures)
+    a, q = list(a), list(q)
     status = []
-    opts = _qr_options(method, orthogonality_threshold, rank_tolerance, max_concurrency)
+    flags = _RankFlags(len(a)) if rank_deficient == "factor" else None
+    opts = _qr_options(method, orthogonality_threshold, rank_tolerance, max_concurrency, flags)
+    error = None
     try:
-        capi.osft_qr_power_iteration(_handle(context), opts, list(a), list(q), int(iterations), status)
-    except NumericalError:
-        pass
-    return status
+        capi.osft_qr_power_iteration(_handle(context), opts, a, q, int(iterations), status)
+    except NumericalError as e:
+        error = e
+    result = QRStatus(status, flags.values() if flags is not None else None)
+    if error is not None and failures == "raise":
+        raise _qr_failure(error, status, "pairs", result)
+    return result
 
 
 def set_log_callback(callback, max_level=None):
