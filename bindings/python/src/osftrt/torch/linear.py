@@ -2,6 +2,8 @@
 frozen high part, trainable low part) and :func:`convert_linear_layers`."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 
@@ -21,6 +23,17 @@ __all__ = ["OSFTLinear", "convert_linear_layers", "LLAMA_LINEAR_NAMES"]
 
 LLAMA_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _STRATEGIES = {"auto": 0, "factorized": 1, "dense": 2, "hybrid": 3}
+_RANK_ROUNDINGS = ("round", "floor")
+
+
+def frozen_rank(k, rank_ratio, rank_rounding="round"):
+    """The frozen rank r of a layer with k = min(N, K) singular values at
+    `rank_ratio`: round(rank_ratio * k) (rank_rounding="round") or
+    floor(rank_ratio * k) ("floor", mini_trainer's rule), within [1, k - 1]."""
+    if rank_rounding not in _RANK_ROUNDINGS:
+        raise ValueError("rank_rounding must be one of %s, got %r" % (", ".join(_RANK_ROUNDINGS), rank_rounding))
+    r = round(rank_ratio * k) if rank_rounding == "round" else math.floor(rank_ratio * k)
+    return min(max(int(r), 1), k - 1)
 
 
 class _FLinearFn(torch.autograd.Function):
@@ -142,9 +155,11 @@ class OSFTLinear(TransientHandles, nn.Module):
         self._factor_versions = None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, rank_ratio=0.5, *, dtype=None, strategy="auto", context=None):
+    def from_linear(cls, linear: nn.Linear, rank_ratio=0.5, *, dtype=None, strategy="auto", context=None,
+                    rank_rounding="round"):
         """Decomposes linear.weight (SVD in float64) and keeps the top
-        round(rank_ratio * min(N, K)) singular directions frozen."""
+        round(rank_ratio * min(N, K)) singular directions frozen (floor with
+        rank_rounding="floor", see frozen_rank)."""
         w = linear.weight.detach()
         if hasattr(w, "device_mesh") and hasattr(w, "placements"):  # a DTensor (FSDP2, tensor parallel)
             raise TypeError("the weight is a sharded DTensor: convert the model before fully_shard "
@@ -152,7 +167,7 @@ class OSFTLinear(TransientHandles, nn.Module):
         dtype = dtype or (w.dtype if w.dtype in (torch.float32, torch.bfloat16) else torch.float32)
         u, s, vt = torch.linalg.svd(w.to(torch.float64), full_matrices=False)
         k = s.shape[0]
-        r = min(max(int(round(rank_ratio * k)), 1), k - 1)
+        r = frozen_rank(k, rank_ratio, rank_rounding)
         b = linear.bias.detach().to(dtype) if linear.bias is not None else None
         return cls(u.to(dtype), s.to(dtype), vt.to(dtype), r, b, strategy=strategy, context=context).to(w.device)
 
@@ -282,10 +297,13 @@ def _parent_of(model, qualified_name):
     return parent, leaf
 
 
-def convert_linear_layers(model: nn.Module, names=LLAMA_LINEAR_NAMES, rank_ratio=0.5, *, dtype=None, context=None):
+def convert_linear_layers(model: nn.Module, names=LLAMA_LINEAR_NAMES, rank_ratio=0.5, *, dtype=None, context=None,
+                          rank_rounding="round"):
     """Replaces, in place, every nn.Linear of `model` whose attribute name is
     in `names` (or for which names(qualified_name, module) is true) by an
-    OSFTLinear. Returns {qualified name: OSFTLinear}."""
+    OSFTLinear. Returns {qualified name: OSFTLinear}. rank_rounding: "round"
+    (default) or "floor" (mini_trainer's rule: its splits exactly) for the
+    frozen rank, see frozen_rank."""
     match = names if callable(names) else (lambda qn, m, _n=frozenset(names): qn.rsplit(".", 1)[-1] in _n)
     todo = [
         (qn, m)
@@ -295,7 +313,7 @@ def convert_linear_layers(model: nn.Module, names=LLAMA_LINEAR_NAMES, rank_ratio
     done = {}
     for qn, m in todo:
         parent, leaf = _parent_of(model, qn)
-        new = OSFTLinear.from_linear(m, rank_ratio, dtype=dtype, context=context)
+        new = OSFTLinear.from_linear(m, rank_ratio, dtype=dtype, context=context, rank_rounding=rank_rounding)
         setattr(parent, leaf, new)
         done[qn] = new
     return done

@@ -71,7 +71,7 @@ class Patched:
 def apply_osftrt(model, *, fused_cross_entropy=True, tiled_mlp=True, osft=False, rank_ratio=0.5,
                  target_modules=LLAMA_LINEAR_NAMES, osft_dtype=None, projector=True, attach=True, optimizer=None,
                  mlp_tile_tokens=None, mlp_memory_budget=None, cross_entropy_options=None, activation_memory=None,
-                 offload_checkpoints=None) -> Patched:
+                 offload_checkpoints=None, rank_rounding="round") -> Patched:
     """Patches a causal LM of a supported family in place (see the module's
     doc) and returns a :class:`Patched`.
 
@@ -85,6 +85,9 @@ def apply_osftrt(model, *, fused_cross_entropy=True, tiled_mlp=True, osft=False,
     before every optimizer step (not per micro-batch) and its parameter
     projection after it (of `optimizer`, or of any optimizer holding the
     factors).
+    rank_rounding: the frozen rank of a layer with k singular values is
+    round(rank_ratio * k) ("round", default) or floor(rank_ratio * k)
+    ("floor": mini_trainer's splits exactly), within [1, k - 1].
     mlp_tile_tokens / mlp_memory_budget: the tiling (default: tiles of at most
     `hidden` tokens). cross_entropy_options: extra options of
     fused_linear_cross_entropy (e.g. memory_budget, accumulator).
@@ -120,7 +123,7 @@ def apply_osftrt(model, *, fused_cross_entropy=True, tiled_mlp=True, osft=False,
         names = target_modules
         if not callable(names) and "lm_head" in names and fused_cross_entropy:
             raise ValueError("the fused cross-entropy needs a dense lm_head: leave lm_head out of target_modules")
-        layers = convert_linear_layers(model, names, rank_ratio, dtype=osft_dtype)
+        layers = convert_linear_layers(model, names, rank_ratio, dtype=osft_dtype, rank_rounding=rank_rounding)
         if projector:
             projector = OSFTProjector(model)
             if attach:
