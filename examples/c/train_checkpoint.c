@@ -624,13 +624,14 @@ static void put_data(writer_t *w, const corpus_t *c, const char *task) {
 static void check_data(const checkpoint_t *ck, const corpus_t *c, const char *task) {
   char nb[NAME_BYTES], nc[NAME_BYTES];
   data_names(nb, nc, task);
-  const int64_t crc = crc32_update(0, c->bytes, (size_t)c->size);
-  if (get_i64(ck, nb) != c->size || get_i64(ck, nc) != crc)
+  const int64_t size = get_i64(ck, nb), crc = get_i64(ck, nc);
+  const int64_t now = crc32_update(0, c->bytes, (size_t)c->size);
+  if (size != c->size || crc != now)
     ck_fail(ck,
-            "%s: written for a task text of %lld bytes (CRC32 %08llx), this run's has "
-            "%lld (%08llx) (--data-dir)",
-            nb, (long long)get_i64(ck, nb), (long long)get_i64(ck, nc),
-            (long long)c->size, (long long)crc);
+            "data/%s: written for a text of %lld bytes (CRC32 %08llx), this run's %s has "
+            "%lld bytes (%08llx) (--data-dir)",
+            task, (long long)size, (long long)crc, task, (long long)c->size,
+            (long long)now);
 }
 
 /* A run's fields, by pointer, for writing and for reading back. */
