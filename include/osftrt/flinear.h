@@ -61,6 +61,47 @@
  * layer keeps comes from the context's allocator and shows in
  * osft_context_get_memory_stats().
  *
+ * @par Saving a layer and resuming it exactly
+ * A layer is its six factors. A checkpoint from which training resumes
+ * must hold all six, read through osft_flinear_get_factor() views (on
+ * CUDA they are device memory: copy them to the host), with the dims of
+ * osft_flinear_get_dims() and the dtype; the trainable factors' optimizer
+ * state refers to exactly these U_low, S_low, V_low. The merged weight
+ * (osft_flinear_merge()) is not enough: re-decomposing it
+ * (osft_flinear_create_from_weight() or osft_flinear_redecompose()) splits
+ * the spectrum of the trained W at rank r, and its top r singular vectors
+ * are not the frozen U_high and V_high (training moved the trainable
+ * singular values relative to the frozen ones, and the SVD mixes vectors of
+ * close singular values), so the resumed run would protect another
+ * subspace, and the optimizer's state would describe other vectors.
+ * Give the factors back in either of two ways:
+ * @code{.unparsed}
+ *   caller-owned   osft_flinear_create_from_factors() over memory holding
+ *                  the saved values; laid out as the runtime lays out its
+ *                  own (U one N x k matrix, V^T one k x K matrix, S one
+ *                  vector, the high part first; the six tensors are views
+ *                  of these), the layer fuses the same GEMMs as a
+ *                  runtime-owned one.
+ *   runtime-owned  create the layer as before (e.g.
+ *                  osft_flinear_create_from_weight() of the weight the run
+ *                  started from, or of any finite weight of that shape,
+ *                  with the same rank_ratio: its SVD is overwritten), write
+ *                  each saved factor through its view, then call
+ *                  osft_flinear_refresh() (the frozen factors changed); a
+ *                  projector with V_ROWS targets of the layer needs
+ *                  osft_projector_invalidate().
+ * @endcode
+ * Bit for bit: from its creation, and from each osft_flinear_refresh(), a
+ * layer's results depend on its factors, options and inputs alone, until a
+ * kept W is updated in place (Memory, above): each such update adds its
+ * own roundings, which a layer restored from the same factors has not
+ * seen, so its outputs would differ in the last bits. A trainer that wants
+ * a resumed run's losses to be those of a run never stopped calls
+ * osft_flinear_refresh() on every layer right after each save: the saving
+ * run's next call then builds W from the factors, as the restored layer's
+ * first call does. Where no W is updated in place the refresh only costs
+ * the rebuild of the frozen cache (2*N*K*r flops).
+ *
  * @par Precision
  * Factors are fp32 or bf16 (all six of one dtype); activations x,
  * y, grad_y, grad_x are fp32 or bf16 (one dtype per call, the "compute
