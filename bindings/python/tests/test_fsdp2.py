@@ -39,6 +39,16 @@ def test_fsdp2_and_ddp_gloo(tmp_path, world):
             assert "rank %d: %s: " % (r, c) in out, out
 
 
+def test_sharded_checkpoint_resumes_exactly_and_opens_plainly(tmp_path):
+    """torch.distributed.checkpoint of an FSDP2-sharded patched Llama (issue
+    52): 2 gloo ranks resume from it exactly; its full state dict and its
+    consolidated file open in a plain LlamaForCausalLM (fsdp2_checkpoint_worker.py)."""
+    pytest.importorskip("transformers")
+    outs = run_ranks("fsdp2_checkpoint_worker.py", 2, tmp_path, str(tmp_path))
+    for r, out in enumerate(outs):
+        assert "rank %d: dcp: resumed" % r in out, out
+
+
 def test_shard_sizes_follow_fsdp2_chunking():
     for n in range(0, 12):
         for w in (1, 2, 3, 4, 5):

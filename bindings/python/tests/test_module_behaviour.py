@@ -261,15 +261,17 @@ def test_state_dict_round_trip_in_place(gen, case):
     _check_vs_float64(case, dst, gen)  # dst has run: its handles and caches exist
     sd = src.state_dict()
     assert set(sd) == set(dst.state_dict())
-    before = {k: (v.data_ptr(), v.untyped_storage().data_ptr() if hasattr(v, "untyped_storage") else None)
-              for k, v in dst.state_dict().items()}
+    # an OSFT layer's "weight" is derived (merged from the factors, for plain
+    # readers of the checkpoint), not storage of the module
+    derived = {(n + "." if n else "") + "weight" for n, mod in dst.named_modules() if isinstance(mod, ot.OSFTLinear)}
+    stored = set(sd) - derived
+    before = {k: v.data_ptr() for k, v in dst.state_dict().items() if k in stored}
     with torch.no_grad():  # every value of dst must be written by the load
-        for v in dst.state_dict().values():
-            if v.is_floating_point():
+        for k, v in dst.state_dict().items():
+            if v.is_floating_point() and k in stored:
                 v.fill_(float("nan"))
     dst.load_state_dict(sd)
-    after = {k: (v.data_ptr(), v.untyped_storage().data_ptr() if hasattr(v, "untyped_storage") else None)
-             for k, v in dst.state_dict().items()}
+    after = {k: v.data_ptr() for k, v in dst.state_dict().items() if k in stored}
     assert before == after, "load_state_dict must copy into the same storage"
     for layer in _osft_layers(dst):
         assert _fused(layer)

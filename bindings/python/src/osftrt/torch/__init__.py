@@ -4,6 +4,8 @@ the tensors' own storage through DLPack), one module per capability:
 * :mod:`.linear` -- :class:`OSFTLinear`, the OSFT layer built from an
   ``nn.Linear`` (trainable factors are ``nn.Parameter``\\ s the library uses
   in place); :func:`convert_linear_layers` converts chosen layers of a model.
+  :mod:`.linear_state`: what it saves (its factors and the dense ``weight``
+  they merge to, so plain readers and exact resumes both work) and loads.
 * :mod:`.projector` -- :class:`OSFTProjector` projects the gradients (after
   ``backward()``) and the parameters (after ``optimizer.step()``) of every
   OSFT layer out of the frozen subspace, in one batched call; one rank or
@@ -25,6 +27,7 @@ patched in place) and ``osftrt.peft`` (PEFT OSF adapters).
 """
 from .cross_entropy import FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
 from .linear import LLAMA_LINEAR_NAMES, OSFTLinear, convert_linear_layers
+from .linear_state import CheckpointError
 from .mlp import TiledMLP, TiledMLPPlan, tiled_mlp
 from .projector import OSFTProjector
 from .norm import rms_norm
@@ -32,6 +35,7 @@ from .norm import rms_norm
 __all__ = [
     "OSFTLinear",
     "convert_linear_layers",
+    "CheckpointError",
     "OSFTProjector",
     "fused_linear_cross_entropy",
     "FusedLinearCrossEntropyLoss",

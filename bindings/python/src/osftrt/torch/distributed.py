@@ -222,7 +222,10 @@ class ShardedOSFTProjector(_ProjectionHooks):
         return [t for m in self._mods for t in (m.u_high, m.u_low, m.v_high, m.v_low)]
 
     def _key(self):
-        return tuple((lt.data_ptr(), lt.shape, lt.dtype) for lt in map(_local, self._tensors()))
+        # the storage of every factor, and the frozen factors' version: a
+        # load_state_dict (refresh()) makes the gathered V_high stale
+        return (tuple((lt.data_ptr(), lt.shape, lt.dtype) for lt in map(_local, self._tensors())),
+                tuple(getattr(m, "frozen_version", 0) for m in self._mods))
 
     def _build(self):
         if self._proj is not None:

@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 from .. import capi
+from . import linear_state
 from ._common import (
     TransientHandles,
     as_rows,
@@ -19,10 +20,12 @@ from ._common import (
     storage_key,
 )
 
-__all__ = ["OSFTLinear", "convert_linear_layers", "LLAMA_LINEAR_NAMES"]
+__all__ = ["OSFTLinear", "convert_linear_layers", "frozen_rank", "LLAMA_LINEAR_NAMES"]
 
 LLAMA_LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _STRATEGIES = {"auto": 0, "factorized": 1, "dense": 2, "hybrid": 3}
+
+
 _RANK_ROUNDINGS = ("round", "floor")
 
 
@@ -119,7 +122,7 @@ class OSFTLinear(TransientHandles, nn.Module):
     ``pickle`` (the copy creates its own library handle on first use).
     """
 
-    _transient = ("_layer", "_layer_key", "_factor_versions")
+    _transient = ("_layer", "_layer_key", "_factor_versions", "_dense_weight_ref")
 
     def __init__(self, u, s, vt, rank, bias=None, *, strategy="auto", context=None):
         super().__init__()
@@ -153,6 +156,8 @@ class OSFTLinear(TransientHandles, nn.Module):
         self._layer = None
         self._layer_key = None
         self._factor_versions = None
+        self._dense_weight_ref = None
+        self.frozen_version = 0  # counts refresh(): changes of the frozen factors
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, rank_ratio=0.5, *, dtype=None, strategy="auto", context=None,
@@ -170,6 +175,19 @@ class OSFTLinear(TransientHandles, nn.Module):
         r = frozen_rank(k, rank_ratio, rank_rounding)
         b = linear.bias.detach().to(dtype) if linear.bias is not None else None
         return cls(u.to(dtype), s.to(dtype), vt.to(dtype), r, b, strategy=strategy, context=context).to(w.device)
+
+    @classmethod
+    def from_factors(cls, factors, bias=None, *, strategy="auto", context=None):
+        """An OSFTLinear over copies of saved factors -- a mapping with
+        ``u_high``, ``s_high``, ``v_high``, ``u_low``, ``s_low``, ``v_low``
+        (a checkpoint's, see :func:`linear_state.read_factors`) -- with no
+        decomposition: the frozen subspace exactly as it was saved."""
+        f = {n: factors[n].detach() for n in linear_state.FACTORS}
+        u = torch.cat([f["u_high"], f["u_low"]], 1)
+        s = torch.cat([f["s_high"], f["s_low"]])
+        vt = torch.cat([f["v_high"], f["v_low"]], 0)
+        b = None if bias is None else bias.detach().to(u.dtype)
+        return cls(u, s, vt, f["u_high"].shape[1], b, strategy=strategy, context=context)
 
     # --- the library layer over the current storage --------------------------
     def _factors(self):
@@ -214,14 +232,39 @@ class OSFTLinear(TransientHandles, nn.Module):
         return {k: getattr(i, k) for k in ("rebuilds", "frozen_builds", "trainable_version", "weight_kept")}
 
     def refresh(self):
-        """Call after changing the frozen factors in place."""
+        """Call after changing the frozen factors in place (load_state_dict
+        calls it): the layer's caches of the frozen part are dropped, and
+        projectors that cache a gather of them (the FSDP2 projector's V_high)
+        see ``frozen_version`` move and gather again."""
+        self.frozen_version = getattr(self, "frozen_version", 0) + 1
         if self._layer is not None and not self._layer.closed:
             capi.osft_flinear_refresh(self._layer)
 
-    def _load_from_state_dict(self, *args, **kwargs):
+    # --- checkpoints: the factors plus the dense weight (linear_state.py) ---
+    @property
+    def weight(self):
+        """The dense W (N x K, the factors' dtype), merged from the current
+        factors: what an ``nn.Linear`` in this place would hold. A new tensor
+        without grad; writing to it does not change the layer."""
+        return linear_state.dense_weight(self)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        linear_state.unshare_views(destination, prefix, keep_vars)
+        destination[prefix + "weight"] = linear_state.dense_weight(self)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        errors = linear_state.incoming_errors(self, state_dict, prefix)
+        if errors:  # refuse before copying anything
+            error_msgs.extend(errors)
+            return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        if prefix + "weight" in unexpected_keys:  # checked against the factors above
+            unexpected_keys.remove(prefix + "weight")
         # load_state_dict copies into the factors in place: the layer's
         # caches of the frozen part (the dense strategy's) must go
-        super()._load_from_state_dict(*args, **kwargs)
         self.refresh()
 
     # --- S and V^T one storage each, kept across copies, pickles and .to() ---
@@ -298,22 +341,35 @@ def _parent_of(model, qualified_name):
 
 
 def convert_linear_layers(model: nn.Module, names=LLAMA_LINEAR_NAMES, rank_ratio=0.5, *, dtype=None, context=None,
-                          rank_rounding="round"):
+                          factors=None, rank_rounding="round"):
     """Replaces, in place, every nn.Linear of `model` whose attribute name is
     in `names` (or for which names(qualified_name, module) is true) by an
-    OSFTLinear. Returns {qualified name: OSFTLinear}. rank_rounding: "round"
-    (default) or "floor" (mini_trainer's rule: its splits exactly) for the
-    frozen rank, see frozen_rank."""
+    OSFTLinear. Returns {qualified name: OSFTLinear}.
+
+    factors: None (decompose each weight), or saved factors by qualified
+    name ({name: {"u_high": ..., ...}}, e.g. :func:`linear_state.read_factors`
+    of a checkpoint of this model): every converted layer is built from its
+    own (the layer's current weight is not used); a layer without factors
+    there, or whose factors are of another shape or frozen rank than
+    `rank_ratio` gives, is an error naming the layer, and nothing is
+    converted. rank_rounding: "round" (default) or "floor" (mini_trainer's
+    rule: its splits exactly) for the frozen rank, see frozen_rank."""
     match = names if callable(names) else (lambda qn, m, _n=frozenset(names): qn.rsplit(".", 1)[-1] in _n)
     todo = [
         (qn, m)
         for qn, m in model.named_modules()
         if isinstance(m, nn.Linear) and not isinstance(m, OSFTLinear) and match(qn, m)
     ]
+    if factors is not None:
+        linear_state.check_saved_factors(factors, [(qn, m.weight.shape) for qn, m in todo],
+                                         lambda k: frozen_rank(k, rank_ratio, rank_rounding))
     done = {}
     for qn, m in todo:
         parent, leaf = _parent_of(model, qn)
-        new = OSFTLinear.from_linear(m, rank_ratio, dtype=dtype, context=context, rank_rounding=rank_rounding)
+        if factors is None:
+            new = OSFTLinear.from_linear(m, rank_ratio, dtype=dtype, context=context, rank_rounding=rank_rounding)
+        else:
+            new = OSFTLinear.from_factors(factors[qn], m.bias, context=context).to(m.weight.device)
         setattr(parent, leaf, new)
         done[qn] = new
     return done

@@ -37,11 +37,12 @@ import weakref
 import torch.nn as nn
 
 from ..torch import LLAMA_LINEAR_NAMES, OSFTLinear, OSFTProjector, convert_linear_layers
+from . import checkpoint as _checkpoint
 from . import long_context as _long_context
 from ._patch import Family, causal_lm_loss, patch_causal_lm, patch_mlps
 
 __all__ = ["apply_osftrt", "Patched", "merge_and_unpatch", "projector_of", "family_of", "causal_lm_loss", "FAMILIES",
-           "Family"]
+           "Family", "check_checkpoint", "add_dense_weights", "CheckpointError"]
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "olmo2")
 _projectors = weakref.WeakKeyDictionary()
@@ -71,7 +72,7 @@ class Patched:
 def apply_osftrt(model, *, fused_cross_entropy=True, tiled_mlp=True, osft=False, rank_ratio=0.5,
                  target_modules=LLAMA_LINEAR_NAMES, osft_dtype=None, projector=True, attach=True, optimizer=None,
                  mlp_tile_tokens=None, mlp_memory_budget=None, cross_entropy_options=None, activation_memory=None,
-                 offload_checkpoints=None, rank_rounding="round") -> Patched:
+                 offload_checkpoints=None, osft_factors="auto", rank_rounding="round") -> Patched:
     """Patches a causal LM of a supported family in place (see the module's
     doc) and returns a :class:`Patched`.
 
@@ -88,6 +89,17 @@ def apply_osftrt(model, *, fused_cross_entropy=True, tiled_mlp=True, osft=False,
     rank_rounding: the frozen rank of a layer with k singular values is
     round(rank_ratio * k) ("round", default) or floor(rank_ratio * k)
     ("floor": mini_trainer's splits exactly), within [1, k - 1].
+    osft_factors: where the OSFT layers' factors come from instead of a new
+    SVD of each weight. "auto" (default): from the checkpoint folder the model
+    was loaded from, if it holds OSFT factors (a folder that a patched
+    model's ``save_pretrained`` or ``Trainer`` wrote: plain
+    ``from_pretrained`` then ``apply_osftrt(osft=True)`` goes on with the
+    subspaces that run protected, which a new SVD of the trained weights
+    would not give back); a folder, weight file or state dict: from those;
+    None: decompose. The factors' frozen ranks must be those `rank_ratio`
+    gives, and the saved dense weights their merge (a
+    :class:`~osftrt.transformers.checkpoint.CheckpointError` names the file
+    and the tensor otherwise). See :mod:`osftrt.transformers.checkpoint`.
     mlp_tile_tokens / mlp_memory_budget: the tiling (default: tiles of at most
     `hidden` tokens). cross_entropy_options: extra options of
     fused_linear_cross_entropy (e.g. memory_budget, accumulator).
@@ -123,7 +135,12 @@ def apply_osftrt(model, *, fused_cross_entropy=True, tiled_mlp=True, osft=False,
         names = target_modules
         if not callable(names) and "lm_head" in names and fused_cross_entropy:
             raise ValueError("the fused cross-entropy needs a dense lm_head: leave lm_head out of target_modules")
-        layers = convert_linear_layers(model, names, rank_ratio, dtype=osft_dtype, rank_rounding=rank_rounding)
+        factors = _checkpoint.saved_factors_for(model, osft_factors)
+        layers = convert_linear_layers(model, names, rank_ratio, dtype=osft_dtype, factors=factors,
+                                       rank_rounding=rank_rounding)
+        if factors is not None and osft_dtype is not None:
+            for m in layers.values():
+                m.to(osft_dtype)
         if projector:
             projector = OSFTProjector(model)
             if attach:
@@ -138,6 +155,11 @@ def apply_osftrt(model, *, fused_cross_entropy=True, tiled_mlp=True, osft=False,
         patch_causal_lm(model, family, cross_entropy_options)
     _long_context.apply_plan(model, lc, family)
     return Patched(model, family, bool(fused_cross_entropy), tiled, layers, projector, lc)
+
+
+check_checkpoint = _checkpoint.check_checkpoint
+add_dense_weights = _checkpoint.add_dense_weights
+CheckpointError = _checkpoint.CheckpointError
 
 
 def projector_of(model):
