@@ -75,6 +75,13 @@ def bits(stdout):
             if l.startswith("loss-bits ") or l.startswith("weights-bits ")]
 
 
+def results(stdout):
+    """The results table without its time and memory columns."""
+    rows = [l.split("|")[1:-1] for l in stdout.splitlines()
+            if l.startswith("| ") and not l.startswith(("| method", "| ---"))]
+    return [[c.strip() for c in r[:5] + r[8:]] for r in rows]
+
+
 def must_run(trainer, args, what):
     r = run(trainer, args)
     if r.returncode != 0:
@@ -127,7 +134,9 @@ def test_resume(trainer, work):
     for opt in ("soap", "adamw"):
         flags = FLAGS + ["--optimizer", opt, "--save-every", str(every)]
         ref_dir = os.path.join(work, opt, "ref")
-        ref = bits(must_run(trainer, flags + ["--save", ref_dir], "reference run").stdout)
+        ref_run = must_run(trainer, flags + ["--save", ref_dir], "reference run")
+        ref, ref_table = bits(ref_run.stdout), results(ref_run.stdout)
+        check(len(ref_table) == 3, "%s: the reference's results table" % opt)
         # 30 steps, 2 evaluations in each fine-tuning, 3 final-weights CRCs
         check(len(ref) == 30 + 4 + 3, "%s: the reference printed %d lines" % (opt, len(ref)))
         total = 30
@@ -146,6 +155,9 @@ def test_resume(trainer, work):
                 ok = check(got == want and len(want) > 0,
                            "%s k=%d %s: the resumed run's %d lines differ from the "
                            "uninterrupted run's %d" % (opt, k, device, len(got), len(want)))
+                ok &= check(results(rest.stdout) == ref_table,
+                            "%s k=%d %s: the results table differs:\n%s\n%s" %
+                            (opt, k, device, results(rest.stdout), ref_table))
                 cases += 1
                 print("%-5s stop after step %2d, resume on %-6s: %2d lines %s" %
                       (opt, k, device, len(got), "bitwise equal" if ok else "DIFFER"),

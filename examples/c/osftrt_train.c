@@ -513,7 +513,10 @@ static void run_phases(session_t *s) {
            phase_defs[first].run_name, (long long)global_step(c, first, t.step),
            (long long)total_steps(c));
     if (first > PHASE_PRETRAIN) checkpoint_load_pretrained(ck, s->pretrained, &c->d);
-    for (int p = 0; p < first; ++p) checkpoint_load_run(ck, p, s->runs[p]);
+    for (int p = 0; p < first; ++p) {
+      checkpoint_load_run(ck, p, s->runs[p]);
+      s->runs[p]->name = phase_defs[p].run_name;
+    }
   }
   for (int p = PHASE_PRETRAIN; p < PHASES; ++p) {
     printf("== %s%s\n", phase_defs[p].title,
