@@ -44,6 +44,19 @@
  * conversions, passes over a V x H buffer, host waits, allocations) and
  * whether its plan holds the gradients for one grad_W GEMM.
  *
+ * --defaults runs another table instead (issue 55): per shape the op with
+ * today's default budget ("new"), with the default of 1.3.0 ("old": the
+ * fixed part + min(1 GiB, max(16 M H bytes, 512 rows of logits)), as an
+ * explicit budget) and as one chunk of all M rows ("whole": the whole
+ * M x V logits block as scratch), interleaved, with their times as ratios
+ * to the whole block and each plan's scratch (osft_flce_get_plan). Its
+ * shapes: --shape, or --grid (GPT-2 50257 x 768 and SmolLM2 49152 x 576 at
+ * 16..8192 tokens, Llama-3 128256 x 4096 at 16..256). --slice-cols N sets
+ * the new default's slice_cols; --alt-x K adds a variant "alt" whose
+ * budget is the fixed part + max(8 MiB, K x x's bytes) (the new rule with
+ * another multiple); --fwd-only and --no-grad-w drop gradients (forward
+ * only; grad_x without grad_W, a frozen head).
+ *
  * CPU: fp32, OpenBLAS. CUDA (builds with OSFT_BENCH_CUDA): bf16 x, W, grad_x
  * and grad_W (fp32 accumulator), cuBLAS for the floor. Shapes: BT in {2048,
  * 8192} tokens, H = 4096, V in {32000, 128256}, divided by S (default 8 on
@@ -277,6 +290,11 @@ static void flce_catch(int on) {
                               on ? OSFT_LOG_DEBUG : OSFT_LOG_OFF));
 }
 
+/* --defaults: the new default's slice_cols, set while it is created;
+ * which gradients the op computes (--fwd-only, --no-grad-w). */
+static int64_t g_slice_cols;
+static int g_no_grad_x, g_no_grad_w;
+
 /* The op on its own context, with a budget (0: default) and chunk rows (0:
  * from the budget); returns the status of planning the call. */
 static osft_status_t try_setup_fused(fused_setup *f, problem *p, size_t budget,
@@ -293,6 +311,7 @@ static osft_status_t try_setup_fused(fused_setup *f, problem *p, size_t budget,
   o.chunk_rows = chunk_rows;
   o.accumulator = accumulator;
   o.chunking = chunking;
+  o.slice_cols = g_slice_cols;
   CHECK(osft_flce_create(f->ctx, &o, &f->flce));
   f->xs[0] = f->ys[0] = p->m;
   f->xs[1] = f->ws[1] = p->h;
@@ -312,8 +331,8 @@ static osft_status_t try_setup_fused(fused_setup *f, problem *p, size_t budget,
   f->in.weight = &f->w;
   f->in.targets = &f->y;
   f->out.loss = &f->loss;
-  f->out.grad_x = &f->dx;
-  f->out.grad_weight = &f->dw;
+  f->out.grad_x = g_no_grad_x ? NULL : &f->dx;
+  f->out.grad_weight = g_no_grad_w ? NULL : &f->dw;
   f->plan.struct_size = sizeof f->plan;
   f->accumulator = accumulator;
   flce_catch(1);
@@ -575,8 +594,137 @@ static void bench_shape(problem *p, int reps, int budget_div, size_t mem_bytes,
   teardown_fused(&fmr);
 }
 
+/* ------------------------------------------------- --defaults (issue 55) */
+
+enum { D_WHOLE, D_OLD, D_NEW, D_ALT, D_VARIANTS };
+
+/* The 1.3.0 default as an explicit budget: the fixed part + min(1 GiB,
+ * max(16 M H bytes, 512 rows of fp32 logits)). */
+static size_t old_default_budget(problem *p, size_t fixed) {
+  const size_t vp = ((size_t)p->v + 15) / 16 * 16;
+  size_t chunk = (size_t)16 * (size_t)p->m * (size_t)p->h;
+  if (chunk < 512 * 4 * vp) chunk = 512 * 4 * vp;
+  if (chunk > ((size_t)1 << 30)) chunk = (size_t)1 << 30;
+  return fixed + chunk + 4096; /* fixed_scratch() leaves out alignment slack */
+}
+
+static const char *plan_short(const fused_setup *f, char *buf, size_t size) {
+  if (f->plan.chunking == OSFT_FLCE_CHUNKING_VOCAB)
+    snprintf(buf, size, "%lldx%lld r, %lldx%lld cls", (long long)f->plan.chunks,
+             (long long)f->plan.chunk_rows, (long long)f->plan.slices,
+             (long long)f->plan.slice_cols);
+  else
+    snprintf(buf, size, "%lldx%lld r", (long long)f->plan.chunks,
+             (long long)f->plan.chunk_rows);
+  return buf;
+}
+
+static void bench_defaults(problem *p, int reps, int alt_x, FILE *csv) {
+  fused_setup v[D_VARIANTS];
+  const int n = alt_x > 0 ? D_VARIANTS : D_ALT;
+  /* the fixed part, as the old default counted it (two token plans) */
+  const int64_t keep = g_slice_cols;
+  g_slice_cols = 0;
+  const size_t fixed = p->m >= 4 ? fixed_scratch(p) : 0;
+  setup_fused(&v[D_WHOLE], p, SIZE_MAX / 2, 0, OSFT_FLCE_ACCUMULATOR_FP32);
+  setup_fused(&v[D_OLD], p, old_default_budget(p, fixed), 0, OSFT_FLCE_ACCUMULATOR_FP32);
+  if (alt_x > 0) {
+    size_t chunk = (size_t)alt_x * (size_t)p->m * (size_t)p->h * sizeof(float);
+    if (chunk < ((size_t)8 << 20)) chunk = (size_t)8 << 20;
+    setup_fused(&v[D_ALT], p, fixed + chunk, 0, OSFT_FLCE_ACCUMULATOR_FP32);
+  }
+  g_slice_cols = keep;
+  setup_fused(&v[D_NEW], p, 0, 0, OSFT_FLCE_ACCUMULATOR_FP32);
+  double t[D_VARIANTS][32];
+  for (int k = 0; k < n; ++k) fused(&v[k]);
+  for (int r = 0; r < reps; ++r)
+    for (int k = 0; k < n; ++k) {
+      const double t0 = clock_ms();
+      fused(&v[k]);
+      t[k][r] = clock_ms() - t0;
+    }
+  double med[D_VARIANTS];
+  for (int k = 0; k < n; ++k) med[k] = median(t[k], reps);
+  const double mib = 1.0 / (1 << 20);
+  char plans[D_VARIANTS][64];
+  for (int k = 0; k < n; ++k) plan_short(&v[k], plans[k], sizeof plans[k]);
+  printf("%5d %5d %6d | %9.1f %9.1f %9.1f | %6.3f %6.3f | %8.1f %8.1f %8.1f | %s", p->m,
+         p->h, p->v, med[D_WHOLE], med[D_OLD], med[D_NEW], med[D_OLD] / med[D_WHOLE],
+         med[D_NEW] / med[D_WHOLE], v[D_WHOLE].plan.scratch_bytes * mib,
+         v[D_OLD].plan.scratch_bytes * mib, v[D_NEW].plan.scratch_bytes * mib,
+         plans[D_NEW]);
+  if (alt_x > 0)
+    printf(" | alt %.1f ms %.3f, %.1f MiB, %s", med[D_ALT], med[D_ALT] / med[D_WHOLE],
+           v[D_ALT].plan.scratch_bytes * mib, plans[D_ALT]);
+  printf("\n");
+  fflush(stdout);
+  if (csv) {
+    fprintf(csv, "%d,%d,%d,%.3f,%.3f,%.3f,%.4f,%.4f,%.3f,%.3f,%.3f,%s,%s,%lld", p->m,
+            p->h, p->v, med[D_WHOLE], med[D_OLD], med[D_NEW], med[D_OLD] / med[D_WHOLE],
+            med[D_NEW] / med[D_WHOLE], v[D_WHOLE].plan.scratch_bytes * mib,
+            v[D_OLD].plan.scratch_bytes * mib, v[D_NEW].plan.scratch_bytes * mib,
+            plans[D_OLD], plans[D_NEW], (long long)g_slice_cols);
+    if (alt_x > 0)
+      fprintf(csv, ",%d,%.3f,%.4f,%.3f,%s", alt_x, med[D_ALT], med[D_ALT] / med[D_WHOLE],
+              v[D_ALT].plan.scratch_bytes * mib, plans[D_ALT]);
+    fprintf(csv, "\n");
+    fflush(csv);
+  }
+  for (int k = 0; k < n; ++k) teardown_fused(&v[k]);
+}
+
+static int run_defaults(int reps, int alt_x, int grid, int shapes[][3], int n_shapes,
+                        const char *csv_path) {
+  static int all[24][3];
+  int n = 0;
+  if (grid) {
+    const int ms[8] = {16, 64, 256, 512, 1024, 2048, 4096, 8192};
+    const int models[2][2] = {{768, 50257}, {576, 49152}};
+    for (int mi = 0; mi < 2; ++mi)
+      for (int i = 0; i < 8; ++i) {
+        all[n][0] = ms[i];
+        all[n][1] = models[mi][0];
+        all[n++][2] = models[mi][1];
+      }
+    const int llama[3] = {16, 64, 256};
+    for (int i = 0; i < 3; ++i) {
+      all[n][0] = llama[i];
+      all[n][1] = 4096;
+      all[n++][2] = 128256;
+    }
+  }
+  for (int i = 0; i < n_shapes && n < 24; ++i, ++n)
+    memcpy(all[n], shapes[i], sizeof all[n]);
+  FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
+  if (csv) {
+    fprintf(
+        csv,
+        "m,h,v,whole_ms,old_ms,new_ms,old_over_whole,new_over_whole,whole_scratch_mib,"
+        "old_scratch_mib,new_scratch_mib,old_plan,new_plan,slice_cols");
+    fprintf(csv,
+            alt_x > 0 ? ",alt_x,alt_ms,alt_over_whole,alt_scratch_mib,alt_plan\n" : "\n");
+  }
+  printf(
+      "# %s\n# CPU, fp32; loss%s%s; median of %d, interleaved%s; whole = one chunk of "
+      "M rows, old = the 1.3.0 default, new = today's default\n",
+      osft_build_info(), g_no_grad_x ? "" : ", grad_x", g_no_grad_w ? "" : ", grad_W",
+      reps, g_cpu_time ? " (process CPU time)" : "");
+  printf("%5s %5s %6s | %9s %9s %9s | %6s %6s | %8s %8s %8s | %s\n", "M", "H", "V",
+         "whole ms", "old ms", "new ms", "o/w", "n/w", "whole MiB", "old MiB", "new MiB",
+         "new plan");
+  for (int i = 0; i < n; ++i) {
+    problem p;
+    problem_init(&p, 0, 0, all[i][0], all[i][1], all[i][2]);
+    bench_defaults(&p, reps, alt_x, csv);
+    problem_free(&p);
+  }
+  if (csv) fclose(csv);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int scale = 0, reps = 5, budget_div = 4, cuda = 0, counts = 0, bf16 = 0;
+  int defaults = 0, grid = 0, alt_x = 0;
   double mem_mib = 64.0;
   const char *csv_path = NULL;
   int shapes[8][3], n_shapes = 0;
@@ -593,6 +741,18 @@ int main(int argc, char **argv) {
       mem_mib = atof(argv[++i]);
     else if (!strcmp(argv[i], "--counts"))
       counts = 1;
+    else if (!strcmp(argv[i], "--defaults"))
+      defaults = 1;
+    else if (!strcmp(argv[i], "--grid"))
+      grid = 1;
+    else if (!strcmp(argv[i], "--fwd-only"))
+      g_no_grad_x = g_no_grad_w = 1;
+    else if (!strcmp(argv[i], "--no-grad-w"))
+      g_no_grad_w = 1;
+    else if (!strcmp(argv[i], "--slice-cols") && i + 1 < argc)
+      g_slice_cols = atoll(argv[++i]);
+    else if (!strcmp(argv[i], "--alt-x") && i + 1 < argc)
+      alt_x = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--cpu-time"))
       g_cpu_time = 1;
     else if (!strcmp(argv[i], "--dtype") && i + 1 < argc)
@@ -611,8 +771,11 @@ int main(int argc, char **argv) {
               "usage: %s [--device cpu|cuda] [--scale S] [--reps R] [--budget-div D] "
               "[--mem-mib MEM] [--counts] [--dtype fp32|bf16] [--cpu-time] [--shape "
               "M,H,V]... "
-              "[--csv FILE]\n",
-              argv[0]);
+              "[--csv FILE]\n"
+              "       %s --defaults [--grid] [--shape M,H,V]... [--slice-cols N] "
+              "[--alt-x K] [--fwd-only | --no-grad-w] [--reps R] [--cpu-time] [--csv "
+              "FILE]\n",
+              argv[0], argv[0]);
       return 2;
     }
   }
@@ -625,6 +788,13 @@ int main(int argc, char **argv) {
   if (cuda) g_cpu_time = 0; /* the GPU's work is not the process's CPU time */
   if (scale < 1) scale = cuda ? 1 : 8;
   if (reps < 1 || reps > 31) reps = 5;
+  if (defaults) {
+    if (cuda || bf16) {
+      fprintf(stderr, "--defaults measures the CPU's fp32 default\n");
+      return 2;
+    }
+    return run_defaults(reps, alt_x, grid, shapes, n_shapes, csv_path);
+  }
   if (budget_div < 1) budget_div = 4;
   const int bts[2] = {2048, 8192}, vs[2] = {32000, 128256}, h_full = 4096;
   FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;

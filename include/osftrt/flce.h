@@ -122,6 +122,33 @@
  * a bf16 grad_weight under the vocabulary plan on a CPU engine with bf16
  * GEMMs (oneMKL: its GEMM writes fp32).
  *
+ * @par The default plan on the CPU
+ * With memory_budget 0 on a CPU context the chunk buffers are at most 16
+ * times x's bytes or 8 MiB, whichever is larger (1 GiB at most), so that
+ * small batches take small scratch too (after 1.3.0; the 1.3.0 default
+ * made room for 512 token rows: the whole M x V logits block at small M). Such budgets would
+ * make the token plan re-read and re-write grad_W once per small chunk, so
+ * a call that overwrites an fp32 compact grad_weight (its accumulate bit
+ * clear) on one rank keeps logits in grad_weight's own V x H floats
+ * instead: the M x Vp logits of up to V H / Vp ~ H rows, computed slice by
+ * slice into it (three GEMMs, nothing recomputed), then from the last
+ * slice to the first the gradient, grad_x += g W[slice] and
+ * grad_W[slice] = g^T x, each slice's rows written once where no logits
+ * still to be read lie. Its scratch is a few floats per row and one
+ * slice's gradient (GPT-2 at 256 tokens: 1 MiB instead of the 49 MiB
+ * block, within 5% of the block's time: bench/results/flce_default_cpu.md).
+ * Rows beyond those follow in token chunks. osft_flce_get_plan() reports
+ * it as the vocabulary plan (one tile of M rows) when it holds all M rows,
+ * else as the token plan whose first chunk holds the kept rows
+ * (chunk_rows: the larger of those and the other chunks' rows). The
+ * planner takes it where its cost model finds it cheaper than the other
+ * plans within the budget (not with chunking TOKENS, a chunk_rows below M
+ * or a slice_cols that is not a multiple of 16; with chunking VOCAB only
+ * when it holds all M rows). An accumulated grad_weight (micro-batches
+ * after the first) cannot lend its memory: pass the accumulate bit clear on
+ * the first micro-batch, whose call then overwrites (zeroes) it. CUDA
+ * contexts keep the 1.3.0 default (below).
+ *
  * @par Precision
  * x and W are fp32 or bf16 (the same dtype). GEMMs take their
  * operands in that dtype and accumulate in fp32 (on the CPU, bf16 operands
@@ -432,7 +459,8 @@ typedef struct osft_flce_options_s {
   /** Default OSFT_FLCE_ACCUMULATOR_FP32. */
   osft_flce_accumulator_t accumulator;
   /** Upper bound, in bytes, on the scratch a call takes (fixed part
-   * included, see above); it decides the chunk size. 0: the fixed part plus
+   * included, see above); it decides the chunk size. 0 on a CPU context:
+   * see "The default plan on the CPU" above. 0 on CUDA: the fixed part plus
    * chunk buffers that grow no faster than x does: logits of at most 4 x
    * x's elements (16 * M * H bytes; Liger-Kernel's chunks hold logits of
    * about x's size), but room for at least 512 token rows (4 * Vp bytes

@@ -96,8 +96,15 @@ class Run {
     if (!plan_.vocab) /* a vocabulary plan uses the whole budget for its tiles */
       logits_w_.emplace(ctx_, Op::T, weight_, chunk_rows_,
                         plan_.budget > used ? plan_.budget - used : 0);
-    for (int64_t first = 0; first < call_.m; first += chunk_rows_) {
-      const int64_t rows = std::min(chunk_rows_, call_.m - first);
+    int64_t first = 0, step = chunk_rows_;
+    if (plan_.in_place) { /* the kept tile, then token chunks of rest_rows */
+      in_place_tile();
+      ++counts_.chunks;
+      first = plan_.kept_rows;
+      step = plan_.rest_rows;
+    }
+    for (; first < call_.m; first += step) {
+      const int64_t rows = std::min(step, call_.m - first);
       if (plan_.vocab)
         vocab_chunk(first, rows);
       else
@@ -173,8 +180,13 @@ class Run {
     char kind[64] = "";
     if (plan_.hold) std::snprintf(kind, sizeof kind, " (held)");
     if (plan_.vocab)
-      std::snprintf(kind, sizeof kind, " x %lld vocabulary slices",
-                    static_cast<long long>(plan_.slices));
+      std::snprintf(kind, sizeof kind, " x %lld vocabulary slices%s",
+                    static_cast<long long>(plan_.slices),
+                    plan_.in_place ? " (logits kept in grad_weight)" : "");
+    else if (plan_.in_place)
+      std::snprintf(kind, sizeof kind,
+                    " (the first: %lld rows, logits kept in grad_weight)",
+                    static_cast<long long>(plan_.kept_rows));
     log_message(OSFT_LOG_DEBUG,
                 "flce: counts: %lld chunk(s)%s: %lld calls, %lld conversions (%lld "
                 "elements), %lld V x H passes, %lld host waits, %lld allocations",
@@ -457,6 +469,77 @@ class Run {
     if (gx.in_scratch()) copy(gx.acc, gx.target);
   }
 
+  /* ---- the in-place plan (FlcePlan::in_place) */
+
+  /* Slice k of the kept tile. */
+  Slice kept_slice(int64_t k) const noexcept {
+    const int64_t first = k * plan_.kept_cols;
+    return Slice{first, std::min(plan_.kept_cols, call_.v - first)};
+  }
+
+  /* Slice `sl`'s logits of the kept rows, in grad_weight's buffer: the
+   * slices' tiles one after another from its start, each kept_rows x Sp
+   * (slices before the last are whole rows of 16 classes). */
+  Mat kept_tile(const Slice &sl) const {
+    auto *base = static_cast<float *>(call_.grad_w.data);
+    return Mat{base + plan_.kept_rows * sl.first, plan_.kept_rows, sl.cols,
+               padded_vocab(sl.cols), OSFTI_F32};
+  }
+
+  /* Where slice `sl`'s gradient goes when its grad_W rows would overwrite
+   * its own logits: tile_grad, or with token chunks to follow the start of
+   * their logits buffer (not used until then). */
+  Mat staged_gradient(const Slice &sl) const {
+    const int slot =
+        plan_.slots.tile_grad >= 0 ? plan_.slots.tile_grad : plan_.slots.logits;
+    return Mat{mat(slot).data, plan_.kept_rows, sl.cols, padded_vocab(plan_.kept_cols),
+               OSFTI_F32};
+  }
+
+  /* The kept rows over the slices: every slice's logits computed once into
+   * its kept tile (pass 1, merging the row records), then from the last
+   * slice to the first (pass 2) the gradient from the merged records,
+   * grad_x += g W_s, grad_W_s = g^T x, grad_b_s. Slice k's grad_W rows
+   * start at k S H floats, its tile at k S R (R kept rows <= H): they never
+   * reach an earlier slice's tile; where they would overwrite their own,
+   * the gradient goes to scratch first (tile_grad). Overwrites grad_W and
+   * grad_b: later token chunks add to them. */
+  void in_place_tile() {
+    const int64_t m = plan_.kept_rows;
+    const Mat x = rows_of(call_.x, 0, m);
+    float *running = static_cast<float *>(mat(plan_.slots.records).data);
+    float *sliced = running + m * kFlceRecordWords;
+    for (int64_t s = 0; s < plan_.kept_slices; ++s) {
+      const Slice sl = kept_slice(s);
+      const Mat tile = kept_tile(sl);
+      gemm(Op::N, x, Op::T, rows_of(call_.w, sl.first, sl.cols), 0.0f, tile);
+      row_pass(0, tile, FlceRowPhase::records, sl,
+               {s == 0 ? running : sliced, nullptr, 1});
+      if (s > 0)
+        row_pass(0, Mat{nullptr, m, 0, 0, OSFTI_F32}, FlceRowPhase::merge, {},
+                 {running, running, 2});
+    }
+    const Records combined{nullptr, running, 1};
+    Accumulator gx = grad_x_accumulator(0, m);
+    for (int64_t k = plan_.kept_slices - 1; k >= 0; --k) {
+      const Slice sl = kept_slice(k);
+      const Mat tile = kept_tile(sl);
+      const Mat rows = rows_of(call_.grad_w, sl.first, sl.cols);
+      const bool staged = static_cast<const float *>(rows.data) <
+                          static_cast<const float *>(tile.data) + m * tile.ld;
+      Mat g = tile;
+      if (staged) g = staged_gradient(sl);
+      row_pass(0, tile, FlceRowPhase::finish, sl, combined, staged ? &g : nullptr);
+      if (gx.target.data != nullptr) {
+        gemm(Op::N, g, Op::N, rows_of(call_.w, sl.first, sl.cols), gx.beta, gx.acc);
+        gx.beta = 1.0f;
+      }
+      gemm(Op::T, g, Op::N, x, 0.0f, rows);
+      if (gb_.target.data != nullptr) reduce_cols(g, gb_.beta, vec_of(gb_.acc, sl));
+    }
+    gw_.beta = gb_.beta = 1.0f;
+  }
+
   /* grad_W's rows of slice `sl` (+)= g^T x_c. Bf16 rows where the GEMMs take
    * no bf16 go through the slice's fp32 copy of W (free once grad_x has
    * had its share), so that the GEMM stages nothing beyond the budget. */
@@ -534,7 +617,7 @@ class Run {
   /* A row pass over the classes `sl` of this rank's shard (a vocabulary
    * slice, or all of them), with the records it writes and reads. */
   void row_pass(int64_t first, const Mat &logits, FlceRowPhase phase, const Slice &sl,
-                const Records &rec) {
+                const Records &rec, const Mat *grad = nullptr) {
     FlceRowPass a;
     a.loss = loss_;
     a.loss.vocab = sl.cols;
@@ -547,6 +630,7 @@ class Run {
     a.want_grad = call_.want_grad();
     a.grad_dtype = grad_dtype();
     if (plan_.hold && plan_.slots.logits >= 0) a.grad = held(first, logits.rows);
+    if (grad != nullptr) a.grad = *grad;
     a.first_token = first;
     a.targets = call_.targets;
     a.bias = classes(call_.bias, sl);

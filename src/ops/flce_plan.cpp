@@ -23,6 +23,20 @@ constexpr unsigned kComputeDtypes = OSFTI_F32 | OSFTI_BF16;
 constexpr size_t kDefaultChunkBytes = size_t{1} << 30;
 constexpr size_t kDefaultLogitsPerX = 4;
 constexpr size_t kDefaultFloorRows = 512;
+/* The default chunk buffers on the CPU (since 1.3.x): at most
+ * kDefaultXMultiple x x's bytes or kDefaultMinChunkBytes, whichever is
+ * larger (and at most kDefaultChunkBytes). Small batches then take either
+ * the in-place plan (their logits in grad_weight's buffer: no chunk
+ * buffers) or small chunks. Measured in bench/results/flce_default_cpu.md. */
+constexpr size_t kDefaultMinChunkBytes = size_t{8} << 20;
+constexpr size_t kDefaultXMultiple = 16;
+/* In-place plans: logits per slice (M x S fp32) of about kInPlaceTileBytes,
+ * L2-sized, so that the row passes read what the GEMM just wrote from
+ * cache; but at least kInPlaceMinCols classes: each slice reads x in all
+ * three GEMMs and reads and writes grad_x (M x H) once, traffic that
+ * slices of S classes weigh against 6 M S H flops. */
+constexpr size_t kInPlaceTileBytes = size_t{1} << 20;
+constexpr int64_t kInPlaceMinCols = 1024;
 /* Below this many rows per chunk the GEMMs run visibly slower (measured on
  * OpenBLAS; cuBLAS wants more). */
 constexpr int64_t kEfficientRows = 128;
@@ -318,10 +332,16 @@ size_t token_row_bytes(const Flce &f, const FlceCall &c) {
          (widens(f, c) ? static_cast<size_t>(c.h) * sizeof(float) : 0);
 }
 
-/* The chunk buffers of the default budget (see kDefaultChunkBytes). */
-size_t default_chunk_bytes(const FlceCall &c, size_t per_row) {
-  const size_t by_x = kDefaultLogitsPerX * static_cast<size_t>(c.m) *
-                      static_cast<size_t>(c.h) * sizeof(float);
+/* The chunk buffers of the default budget: on CUDA see kDefaultChunkBytes;
+ * on the CPU see kDefaultMinChunkBytes. */
+size_t default_chunk_bytes(const Flce &f, const FlceCall &c, size_t per_row) {
+  const size_t m = static_cast<size_t>(c.m), h = static_cast<size_t>(c.h);
+  if (!on_cuda(*f.ctx)) {
+    const size_t x_bytes = m * h * osfti_dtype_size(c.x.dtype);
+    return std::min(kDefaultChunkBytes,
+                    std::max(kDefaultMinChunkBytes, kDefaultXMultiple * x_bytes));
+  }
+  const size_t by_x = kDefaultLogitsPerX * m * h * sizeof(float);
   const size_t floor = kDefaultFloorRows * per_row;
   return std::min(kDefaultChunkBytes, std::max(by_x, floor));
 }
@@ -333,7 +353,7 @@ size_t call_budget(const Flce &f, const FlceCall &c, size_t fixed, const char **
   *bound = "opts->memory_budget";
   size_t budget = f.opts.memory_budget != 0
                       ? f.opts.memory_budget
-                      : fixed + default_chunk_bytes(c, token_row_bytes(f, c));
+                      : fixed + default_chunk_bytes(f, c, token_row_bytes(f, c));
   if (ctx.workspace_limit != 0 && ctx.workspace_limit < budget) {
     budget = ctx.workspace_limit;
     *bound = "the context's workspace_limit";
@@ -527,6 +547,30 @@ class Cost {
     return over_floor();
   }
 
+  /* The in-place plan: one tile of the kept rows over slices of w
+   * classes, each slice's logits computed once; grad_x summed over the
+   * slices, grad_W written once; then the other rows in token chunks
+   * summing into grad_W. */
+  double in_place(const FlcePlan &p) {
+    const double ns = static_cast<double>(p.kept_slices);
+    const double k = static_cast<double>(p.kept_rows), w = v_ / ns, v = v_, h = h_;
+    gemm(ns, k, w, h, (k * h + w * h) * op_ + k * w * 4);
+    pass(ns, k * w * 4);        /* the records pass */
+    pass(ns, k * w * (4 + g_)); /* the gradient pass */
+    if (gx_ > 0.0)
+      gemm(ns, k, h, w, k * w * g_ + w * h * op_ + k * h * gx_ * rmw(ns, beta_x_));
+    gemm(ns, w, h, k, k * w * g_ + k * h * op_ + w * h * gw_);
+    if (p.rest_rows > 0) {
+      const double n = static_cast<double>(p.chunks - 1), r = (m_ - k) / n;
+      gemm(n, r, v, h, (r * h + v * h) * op_ + r * v * 4);
+      pass(n, r * v * (8 + g_));
+      if (gx_ > 0.0)
+        gemm(n, r, h, v, r * v * g_ + v * h * op_ + r * h * gx_ * rmw(1, beta_x_));
+      gemm(n, v, h, r, r * v * g_ + r * h * op_ + v * h * gw_ * 2.0);
+    }
+    return over_floor();
+  }
+
   /* A vocabulary plan: tiles of r rows x w classes; the last slice of pass
    * 1 stays in the buffer for pass 2 (one logits GEMM less per chunk). */
   double vocab(const FlcePlan &p, bool want_grad) {
@@ -555,6 +599,132 @@ class Cost {
   bool beta_x_ = false, beta_w_ = false;
   double t_ = 0.0;
 };
+
+/* ---- the in-place plan (FlcePlan::in_place) */
+
+/* The most token rows whose fp32 logits (Vp floats each) fit in
+ * grad_weight's V x H floats. */
+int64_t kept_capacity(const FlceCall &c) {
+  return c.v * c.h / padded_vocab(c.v);
+}
+
+/* Whether a call can keep logits in grad_weight's buffer: one rank on the
+ * CPU; grad_weight requested, overwritten (not accumulated), fp32 and
+ * compact, as are the logits and the gradient (no widening); no caller's
+ * chunk_rows below M; a caller's slice_cols in whole rows of 16 classes
+ * (the kept tiles lie one after another, Sp apart). */
+bool in_place_fits(const Flce &f, const FlceCall &c) {
+  const Mat &gw = c.grad_w;
+  if (on_cuda(*f.ctx) || vocab_ranks(f) > 1 || c.m == 0 || gw.data == nullptr ||
+      c.beta_w != 0.0f || gw.dtype != OSFTI_F32 || gw.ld != c.h || widens(f, c) ||
+      grad_dtype_of(f, c) != OSFTI_F32 || kept_capacity(c) < 1)
+    return false;
+  if (f.opts.chunk_rows > 0 && f.opts.chunk_rows < c.m) return false;
+  return f.opts.slice_cols == 0 || f.opts.slice_cols % 16 == 0 ||
+         f.opts.slice_cols >= c.v;
+}
+
+/* Rows of Vp fp32 logits that hold `kept` rows of Sp (cols) floats. */
+int64_t rows_holding(const FlceCall &c, int64_t kept, int64_t cols) {
+  const int64_t vp = padded_vocab(c.v);
+  return (kept * padded_vocab(cols) + vp - 1) / vp;
+}
+
+/* Scratch of an in-place plan: the token results, the row records of the
+ * kept rows (running and a slice's), one slice's gradient (`cols`
+ * classes), and the logits of a token chunk of `rest` rows (0: none), in
+ * whose buffer the slice's gradient then lies (they are never used at the
+ * same time). */
+FlceSlots add_in_place_slots(const FlceCall &c, int64_t kept, int64_t cols, int64_t rest,
+                             ScratchPlan &p) {
+  FlceSlots s;
+  add_token_slots(c, p, s);
+  s.records = p.add_mat(2 * kept, kFlceRecordWords, OSFTI_F32);
+  if (rest == 0)
+    s.tile_grad = p.add_mat(kept, padded_vocab(cols), OSFTI_F32);
+  else
+    s.logits = p.add_mat(std::max(rest, rows_holding(c, kept, cols)), padded_vocab(c.v),
+                         OSFTI_F32);
+  return s;
+}
+
+/* The in-place plan within the budget: the first min(M, capacity) rows
+ * kept, in slices of about kInPlaceTileBytes of logits (the caller's
+ * slice_cols if set; narrower where the budget asks), the rest in token
+ * chunks as large as the budget allows; false where the call does not
+ * qualify or nothing fits. */
+bool plan_in_place(const Flce &f, const FlceCall &c, FlcePlan &plan) {
+  if (!in_place_fits(f, c)) return false;
+  const int64_t kept = std::min(c.m, kept_capacity(c)), rest = c.m - kept;
+  const auto bytes = [&](int64_t cols, int64_t rows) {
+    ScratchPlan p;
+    add_in_place_slots(c, kept, cols, rows, p);
+    return p.bytes();
+  };
+  const bool callers = f.opts.slice_cols > 0;
+  int64_t cols = 0;
+  if (callers) {
+    cols = std::min(f.opts.slice_cols, c.v);
+  } else {
+    const int64_t tile = static_cast<int64_t>(kInPlaceTileBytes / (sizeof(float) * kept));
+    const int64_t wanted = std::max<int64_t>(kInPlaceMinCols, (tile + 15) / 16 * 16);
+    cols = choose_cols(c.v, std::min(wanted, c.v), 0);
+    if (cols < c.v) cols = (cols + 15) / 16 * 16; /* whole rows of 16 classes */
+  }
+  const auto narrower = [&]() {
+    if (callers || cols <= 16) return false;
+    cols = std::max<int64_t>(16, (cols / 2 + 15) / 16 * 16);
+    return true;
+  };
+  int64_t rows = 0;
+  if (rest == 0) {
+    while (bytes(cols, 0) > plan.budget)
+      if (!narrower()) return false;
+  } else {
+    /* the chunk buffer as large as the budget allows (it holds the slice's
+     * gradient too: slices narrow enough for it) */
+    ScratchPlan base;
+    FlceSlots unused;
+    add_token_slots(c, base, unused);
+    base.add_mat(2 * kept, kFlceRecordWords, OSFTI_F32);
+    const size_t fixed = base.bytes() + 2 * ScratchPlan::alignment;
+    const size_t per_row = token_row_bytes(f, c);
+    if (plan.budget < fixed + per_row) return false;
+    const int64_t cap = static_cast<int64_t>((plan.budget - fixed) / per_row);
+    if (rows_holding(c, kept, cols) > cap) {
+      if (callers) return false;
+      const int64_t widest = cap * padded_vocab(c.v) / kept / 16 * 16;
+      if (widest < 16) return false;
+      cols = std::min(cols, widest);
+    }
+    rows = choose_rows(rest, cap, 0);
+    while (rows > 1 && bytes(cols, rows) > plan.budget) --rows;
+    if (bytes(cols, rows) > plan.budget) return false;
+  }
+  FlcePlan p;
+  p.budget = plan.budget;
+  p.in_place = true;
+  p.kept_rows = kept;
+  p.kept_cols = cols;
+  p.kept_slices = (c.v + cols - 1) / cols;
+  if (rest == 0) {
+    p.vocab = true;
+    p.chunk_rows = c.m;
+    p.chunks = 1;
+    p.slice_cols = cols;
+    p.slices = p.kept_slices;
+  } else {
+    p.rest_rows = rows;
+    p.chunks = 1 + (rest + rows - 1) / rows;
+    p.chunk_rows = std::max(kept, rows);
+    p.slice_cols = c.v;
+    p.slices = 1;
+  }
+  p.slots = add_in_place_slots(c, kept, cols, p.rest_rows, p.scratch);
+  p.cost = Cost(f, c).in_place(p);
+  plan = p;
+  return true;
+}
 
 /* The cheapest vocabulary plan by the cost model over token tiles of M,
  * M / 2, M / 4, ... rows (the caller's chunk_rows only, if set); false if
@@ -596,18 +766,23 @@ bool plan_vocab(const Flce &f, const FlceCall &c, FlcePlan &plan, size_t *least)
 }  // namespace
 
 FlcePlan plan_call(const Flce &f, const FlceCall &c) {
-  FlcePlan tokens, vocab;
+  FlcePlan tokens, vocab, in_place;
   const char *bound = nullptr;
-  tokens.budget = vocab.budget = call_budget(f, c, fixed_bytes(f, c, true), &bound);
+  tokens.budget = vocab.budget = in_place.budget =
+      call_budget(f, c, fixed_bytes(f, c, true), &bound);
   const osft_flce_chunking_t want = f.opts.chunking;
   const bool have_tokens = want != OSFT_FLCE_CHUNKING_VOCAB && plan_tokens(f, c, tokens);
   size_t least = SIZE_MAX;
   const bool have_vocab =
       want != OSFT_FLCE_CHUNKING_TOKENS && plan_vocab(f, c, vocab, &least);
+  /* the in-place plan, where the call qualifies, is a vocabulary plan too */
+  bool have_in_place = want != OSFT_FLCE_CHUNKING_TOKENS && plan_in_place(f, c, in_place);
+  /* asked for vocabulary slices: only a kept tile of all M rows is one */
+  if (want == OSFT_FLCE_CHUNKING_VOCAB && !in_place.vocab) have_in_place = false;
   if (have_tokens && c.m > 0)
     tokens.cost = Cost(f, c).tokens(tokens, c.want_grad(),
                                     tokens.slots.gw32 >= 0 || tokens.slots.gb32 >= 0);
-  if (!have_tokens && !have_vocab) {
+  if (!have_tokens && !have_vocab && !have_in_place) {
     if (want == OSFT_FLCE_CHUNKING_TOKENS) {
       const size_t fixed = fixed_bytes(f, c, true), per_row = token_row_bytes(f, c);
       raise(OSFT_STATUS_OUT_OF_MEMORY,
@@ -619,31 +794,46 @@ FlcePlan plan_call(const Flce &f, const FlceCall &c) {
           "vocabulary plan)",
           bound, vocab.budget, least);
   }
-  /* ties (e.g. one chunk either way) go to the token plan */
-  const bool use_vocab = !have_tokens || (have_vocab && vocab.cost < 0.98 * tokens.cost);
-  FlcePlan plan = use_vocab ? vocab : tokens;
-  if (!use_vocab && plan.chunk_rows < std::min<int64_t>(c.m, kEfficientRows) &&
+  /* ties (e.g. one chunk either way) go to the token plan, then to the
+   * two-pass vocabulary plan */
+  const FlcePlan *best = have_tokens ? &tokens : nullptr;
+  if (have_vocab && (best == nullptr || vocab.cost < 0.98 * best->cost)) best = &vocab;
+  /* (and from the two-pass plan to the in-place one, which takes less) */
+  if (have_in_place && (best == nullptr || in_place.cost < 0.98 * best->cost ||
+                        (best == &vocab && in_place.cost <= vocab.cost)))
+    best = &in_place;
+  const FlcePlan plan = *best;
+  if (!plan.vocab && plan.chunk_rows < std::min<int64_t>(c.m, kEfficientRows) &&
       !plan.hold)
     log_message(OSFT_LOG_WARN,
                 "flce: %s of %zu bytes allows only %lld rows per chunk; GEMMs lose "
                 "efficiency below about %lld rows",
                 bound, plan.budget, static_cast<long long>(plan.chunk_rows),
                 static_cast<long long>(kEfficientRows));
-  char slices[96] = "";
+  char slices[160] = "";
   if (plan.vocab)
-    std::snprintf(slices, sizeof slices, " x %lld slice(s) of %lld classes (vocabulary)",
-                  static_cast<long long>(plan.slices),
-                  static_cast<long long>(plan.slice_cols));
+    std::snprintf(
+        slices, sizeof slices, " x %lld slice(s) of %lld classes (vocabulary%s)",
+        static_cast<long long>(plan.slices), static_cast<long long>(plan.slice_cols),
+        plan.in_place ? ", logits kept in grad_weight" : "");
+  else if (plan.in_place)
+    std::snprintf(
+        slices, sizeof slices,
+        " (the first of %lld rows in %lld slice(s) of %lld classes, logits kept "
+        "in grad_weight)",
+        static_cast<long long>(plan.kept_rows), static_cast<long long>(plan.kept_slices),
+        static_cast<long long>(plan.kept_cols));
   log_message(OSFT_LOG_DEBUG,
               "flce: M = %lld, V = %lld, H = %lld: %lld chunk(s) of %lld rows%s%s, %zu "
               "bytes of scratch (bound %zu); model %.3f x the GEMMs (tokens %.3f, "
-              "vocabulary %.3f)",
+              "vocabulary %.3f, in place %.3f)",
               static_cast<long long>(c.m), static_cast<long long>(c.v),
               static_cast<long long>(c.h), static_cast<long long>(plan.chunks),
               static_cast<long long>(plan.chunk_rows),
               plan.hold ? ", gradients held for one grad_W GEMM" : "", slices,
               plan.scratch.bytes(), plan.budget, plan.cost,
-              have_tokens ? tokens.cost : -1.0, have_vocab ? vocab.cost : -1.0);
+              have_tokens ? tokens.cost : -1.0, have_vocab ? vocab.cost : -1.0,
+              have_in_place ? in_place.cost : -1.0);
   return plan;
 }
 

@@ -102,12 +102,28 @@ static osft_flce_plan_t default_plan(osft_context_t ctx, int64_t m, int64_t h,
   return p;
 }
 
-/* The default budget grows no faster than x (chunk logits of at most 4 x
- * x's elements, 16 M H bytes), above a floor of 512 token rows: quadrupling
- * the tokens quadruples the chunk buffers, not the whole M x V logits as
- * the former default (the fixed part + 1 GiB) did below 1 GiB. */
+/* The default budget grows no faster than x. On CUDA: chunk logits of at
+ * most 4 x x's elements (16 M H bytes), above a floor of 512 token rows:
+ * quadrupling the tokens quadruples the chunk buffers, not the whole M x V
+ * logits as the former default (the fixed part + 1 GiB) did below 1 GiB.
+ * On the CPU (since issue 55): 16 x x's bytes or 8 MiB, whichever is
+ * larger, with no floor of rows (test_flce_default.c covers the plans). */
 static void test_default_budget_follows_x(void **state) {
   const int64_t h = 128, v = 8000;
+#ifndef OSFT_TEST_CUDA
+  const size_t row = 4 * 8000;
+  const int64_t ms[3] = {512, 8192, 32768};
+  for (int i = 0; i < 3; ++i) {
+    const osft_flce_plan_t q = default_plan(CTX, ms[i], h, v);
+    size_t chunk = 16 * 4 * (size_t)ms[i] * (size_t)h;
+    if (chunk < ((size_t)8 << 20)) chunk = (size_t)8 << 20;
+    assert_true(q.budget_bytes >= chunk);
+    assert_true(q.budget_bytes <= chunk + 16 * (size_t)ms[i] + 4096);
+    assert_true(q.chunks > 1); /* the 1.3.0 default: one chunk of 512 rows */
+    assert_true(q.chunk_rows * row <= q.budget_bytes);
+  }
+  (void)state;
+#else
   const size_t row = 4 * 8000, floor = 512 * row;
   /* within the floor: one chunk, whatever x's size */
   osft_flce_plan_t p = default_plan(CTX, 512, h, v);
@@ -128,6 +144,7 @@ static void test_default_budget_follows_x(void **state) {
   /* the slope per token: at most 16 H (chunks) + 16 (fixed) bytes */
   assert_true(b.budget_bytes - a.budget_bytes <= (16 * (size_t)h + 16) * (32768 - 8192));
   assert_true(b.budget_bytes < (size_t)32768 * row / 10);
+#endif
 }
 
 /* Every block the op takes goes back (counting allocator on the CPU). */

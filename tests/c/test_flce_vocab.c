@@ -49,8 +49,8 @@ static osft_flce_plan_t plan_of(const flce_case *c, osft_status_t expect) {
   return p;
 }
 
-/* The planner's choice. At the default budget (everything in one chunk)
- * the token plan; with room for only a few token rows of a large
+/* The planner's choice. At a budget that holds all M x V logits (one
+ * chunk) the token plan; with room for only a few token rows of a large
  * vocabulary (every chunk a read-modify-write of V x H), the vocabulary
  * plan, in tiles of all M rows; a caller may force either, and the plan
  * reports what it took. */
@@ -60,6 +60,8 @@ static void test_plan_choice(void **state) {
   c.chunking = OSFT_FLCE_CHUNKING_AUTO; /* whatever the test run's plan */
   c.slice_cols = 0;
   c.want = WANT_LOSS | WANT_DX | WANT_DW;
+  const size_t row = 4 * 16000;
+  c.budget = 2 * 512 * row;
   osft_flce_plan_t p = plan_of(&c, OSFT_STATUS_SUCCESS);
   assert_int_equal(p.chunking, OSFT_FLCE_CHUNKING_TOKENS);
   assert_int_equal(p.chunks, 1);
@@ -67,7 +69,6 @@ static void test_plan_choice(void **state) {
   assert_int_equal(p.slice_cols, 16000);
 
   /* 8 token rows of logits (64 chunks) */
-  const size_t row = 4 * 16000;
   c.budget = 8 * row + 16 * 512 + 4096;
   p = plan_of(&c, OSFT_STATUS_SUCCESS);
   assert_int_equal(p.chunking, OSFT_FLCE_CHUNKING_VOCAB);
