@@ -73,6 +73,15 @@ def _adamw(model):
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.01)
 
 
+def _trained(seed=0, steps=3, **kw):
+    """A patched model after `steps` AdamW steps: (model, info, optimizer)."""
+    model, info = _patched(seed, **kw)
+    opt = _adamw(model)
+    for s in range(steps):
+        _step(model, opt, s)
+    return model, info, opt
+
+
 def _assert_losses_equal(got, want, what):
     assert len(got) == len(want) == RESUME_STEPS, (what, len(got), len(want))
     rel = max(abs(g - w) / max(abs(w), 1e-12) for g, w in zip(got, want))
@@ -133,10 +142,7 @@ def _assert_opens_as_trained(folder, model, tmp_path):
 
 
 def test_save_pretrained_opens_in_plain_transformers_as_the_trained_model(tmp_path):
-    model, info = _patched(0)
-    opt = _adamw(model)
-    for s in range(3):
-        _step(model, opt, s)
+    model, info, _ = _trained()
     model.save_pretrained(tmp_path / "ckpt")
     report = _assert_opens_as_trained(tmp_path / "ckpt", model, tmp_path)
     assert len(report["unexpected"]) == 6 * len(info.osft_layers)
@@ -151,10 +157,7 @@ def test_save_pretrained_opens_in_plain_transformers_as_the_trained_model(tmp_pa
 
 
 def test_apply_osftrt_goes_on_with_the_saved_subspaces(tmp_path):
-    model, info = _patched(0)
-    opt = _adamw(model)
-    for s in range(3):
-        _step(model, opt, s)
+    model, info, _ = _trained()
     model.save_pretrained(tmp_path / "ckpt")
     saved = _frozen(model)
     again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt", attn_implementation="eager")
@@ -233,10 +236,7 @@ def _from_checkpoint(folder):
 
 
 def test_plain_loop_resumes_exactly_from_state_dicts(tmp_path):
-    model, _ = _patched(0)
-    opt = _adamw(model)
-    for s in range(5):
-        _step(model, opt, s)
+    model, _, opt = _trained(steps=5)
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "state.pt")
     uninterrupted = [_step(model, opt, s) for s in range(5, 5 + RESUME_STEPS)]
     other, info = _patched(1)
@@ -275,14 +275,6 @@ def test_accelerate_save_state_resumes_exactly(tmp_path):
 
 
 # --- bad checkpoints fail loudly ---------------------------------------------------
-def _trained_state(seed=0):
-    model, _ = _patched(seed)
-    opt = _adamw(model)
-    for s in range(2):
-        _step(model, opt, s)
-    return model, model.state_dict()
-
-
 def test_a_dense_checkpoint_is_refused_by_a_patched_model():
     plain = _model(0).state_dict()  # a plain fine-tuning checkpoint: no factors
     model, _ = _patched(1)
@@ -296,7 +288,7 @@ def test_a_dense_checkpoint_is_refused_by_a_patched_model():
 
 
 def test_another_rank_ratio_is_refused_naming_the_tensor():
-    _, state = _trained_state()
+    state = _trained(steps=2)[0].state_dict()
     model, _ = _patched(1, rank_ratio=0.25)
     with pytest.raises(RuntimeError, match=r"q_proj\.u_high: shape \[48, 24\] in the state dict, \[48, 12\] in this "
                                            r"layer .*another rank ratio"):
@@ -304,7 +296,7 @@ def test_another_rank_ratio_is_refused_naming_the_tensor():
 
 
 def test_inconsistent_factors_are_refused_naming_the_tensor():
-    _, state = _trained_state()
+    state = _trained(steps=2)[0].state_dict()
     state = dict(state)
     key = "model.layers.1.mlp.down_proj.v_high"
     state[key] = state[key].clone()
@@ -357,10 +349,7 @@ def test_a_truncated_file_is_refused_naming_the_file(tmp_path):
 def test_factors_from_another_folder_build_the_layers(tmp_path):
     """A base model plus an OSFT checkpoint's factors (osft_factors=folder):
     the layers are the checkpoint's, whatever the base's weights are."""
-    model, info = _patched(0)
-    opt = _adamw(model)
-    for s in range(3):
-        _step(model, opt, s)
+    model, info, _ = _trained()
     model.save_pretrained(tmp_path / "ckpt")
     base = _model(1)
     ot.apply_osftrt(base, osft=True, rank_ratio=0.5, osft_factors=tmp_path / "ckpt")
