@@ -180,6 +180,7 @@ def test_kill(trainer, work, kills, seed):
     start_time = time.monotonic() - t0  # a run's start (and one step without a save)
     total = sum(s for _, s in step_lines(flags))
     chain = os.path.join(work, "chain")
+    tmp = os.path.join(chain, CKPT + ".tmp")
     shutil.rmtree(chain, ignore_errors=True)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     done = unreadable = empty = in_save = bitwise = finished = 0
@@ -191,9 +192,14 @@ def test_kill(trainer, work, kills, seed):
         p = subprocess.Popen([trainer] + args, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, env=env)
         # an instant of the run's expected lifetime: its start, then what is
-        # left of its steps
+        # left of its steps; every other kill waits from there for a save
+        # (its temporary file) and kills inside it
         left = start_time + max(run_time - start_time, 0) * (total - g) / total
         time.sleep(rng.uniform(0, left))
+        if done % 2 == 1:
+            until = time.monotonic() + left
+            while p.poll() is None and not os.path.exists(tmp) and time.monotonic() < until:
+                time.sleep(0.0001)
         if p.poll() is not None:  # finished first: start over
             check(p.returncode == 0, "an unkilled run exited %d: %s" %
                   (p.returncode, p.stderr.read().decode()))
@@ -206,7 +212,7 @@ def test_kill(trainer, work, kills, seed):
         p.wait()
         p.stderr.close()
         done += 1
-        in_save += os.path.exists(os.path.join(chain, CKPT + ".tmp"))
+        in_save += os.path.exists(tmp)
         if not os.path.exists(os.path.join(chain, CKPT)):
             empty += 1  # killed before its first save
             g = 0
@@ -229,12 +235,13 @@ def test_kill(trainer, work, kills, seed):
                  "run's %d lines (exit %d)\n%s" % (done, g, total, len(want), r.returncode,
                                                   r.stderr)):
             bitwise += 1
-    print("kill test: %d kill -9 at random instants (%d inside a save, the temporary "
-          "file left behind; %d before the first save), %d unreadable checkpoints, "
-          "%d of %d resumes bitwise equal to the uninterrupted run; %d runs finished "
-          "before their kill" % (done, in_save, empty, unreadable, bitwise, done - empty,
-                                 finished))
+    print("kill test: %d kill -9 (half at random instants, half at the first save "
+          "after one); %d inside a save (its temporary file left behind), %d before the "
+          "first save; %d unreadable checkpoints; %d of %d resumes bitwise equal to the "
+          "uninterrupted run; %d runs finished before their kill" %
+          (done, in_save, empty, unreadable, bitwise, done - empty, finished))
     check(unreadable == 0 and bitwise == done - empty, "kill test figures")
+    check(in_save > 0, "no kill landed inside a save: that case was not tested")
 
 
 # ---------------------------------------------------------------- bad
