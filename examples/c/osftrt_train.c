@@ -509,9 +509,12 @@ static void run_phases(session_t *s) {
     first = checkpoint_phase(ck);
     loop_state_t t;
     checkpoint_load_loop(ck, &t);
+    const int64_t done = global_step(c, first, t.step);
+    if (c->stop_after > 0 && c->stop_after <= done)
+      train_fail("--stop-after %lld: %s/train.ckpt is already after step %lld",
+                 (long long)c->stop_after, c->resume_dir, (long long)done);
     printf("resuming from %s/train.ckpt: %s, after step %lld of %lld\n", c->resume_dir,
-           phase_defs[first].run_name, (long long)global_step(c, first, t.step),
-           (long long)total_steps(c));
+           phase_defs[first].run_name, (long long)done, (long long)total_steps(c));
     if (first > PHASE_PRETRAIN) checkpoint_load_pretrained(ck, s->pretrained, &c->d);
     for (int p = 0; p < first; ++p) {
       checkpoint_load_run(ck, p, s->runs[p]);
