@@ -26,6 +26,11 @@
 #                         sm_90, OSFTRT_WERROR=ON, benchmarks off) + build + install
 #                         into BUILD/prefix; a -Werror failure fails the part and
 #                         the build is redone without it so the other parts still run
+#   probe    probe.log    test_backend_module alone (issue 55): counting the GPUs
+#                         maps the CUDA driver only (no module, cuBLAS, cuSOLVER,
+#                         NCCL), the count is the driver's (> 0 on the GPU), and the
+#                         first CUDA context then loads the module; the line
+#                         "osft_device_count(CUDA) = N; VmRSS A -> B KiB" in the summary
 #   ctest    ctest.log    every test but `packaging` in parallel, then the *_cuda
 #                         tests and mpi_nccl_np2 one at a time; on a GPU a skipped
 #                         *_cuda test fails the part (mpi_nccl_np2 may skip: 2 GPUs)
@@ -43,8 +48,8 @@
 # (default build-gpu-checks), OSFTRT_GPU_CHECKS_BUDGET (seconds, default 530),
 # OSFTRT_CUDA_ARCHS (default 90), OSFTRT_GPU_CHECKS_JOBS (default nproc),
 # OSFTRT_GPU_CHECKS_CUDA (ON, OFF; default ON, OFF in a dry run),
-# OSFTRT_GPU_CHECKS_BENCH (OFF), OSFTRT_GPU_CHECKS_PARTS (which of ctest,
-# trainer, python run after env and build; default all), OSFTRT_PYTHON (default: the first of python3,
+# OSFTRT_GPU_CHECKS_BENCH (OFF), OSFTRT_GPU_CHECKS_PARTS (which of probe,
+# ctest, trainer, python run after env and build; default all), OSFTRT_PYTHON (default: the first of python3,
 # /usr/bin/python3, build-pyvenv/bin/python with torch, pytest and
 # scikit_build_core).
 set -uo pipefail
@@ -258,6 +263,24 @@ part_ctest() {
   return $rc
 }
 
+part_probe() { # the light GPU probe (issue 55), on its own so its figures show
+  local t=$OSFTRT_GC_BUILD/tests/test_backend_module log=$OSFTRT_GC_OUT/probe.log rc
+  [[ -x $t ]] || { detail "no $t (tests not built)"; echo "no test" > "$log"; return 1; }
+  CMOCKA_MESSAGE_OUTPUT=stdout "$t" > "$log" 2>&1
+  rc=$?
+  local line
+  line=$(grep -m1 'osft_device_count(CUDA) = ' "$log")
+  tail -20 "$log"
+  if has_gpu && [[ $line =~ \ =\ 0\; ]]; then
+    echo "FAIL: a GPU is here, the probe counted none" | tee -a "$log"
+    rc=1
+  fi
+  detail "${line:-no count line}; $(grep -m1 '^CUDA driver:' "$log"); exit $rc"
+  [[ $rc -eq 0 ]] || return 1
+  has_gpu || return 3
+  return 0
+}
+
 TRAIN_FLAGS=(--check --seed 1 --pretrain-steps 150 --steps 60 --batch 4 --seq 64 --ft-lr 3e-3
   --eval-every 5 --eval-tokens 2048 --log-every 30 --print-losses)
 
@@ -416,7 +439,7 @@ verdict=0
 # and no later than RESERVE seconds before the budget ends.
 run_part() {
   local name=$1 cap=$(($2 * budget / 530)) reserve=$3 left t rc t0=$SECONDS status
-  if [[ ! " env build ${OSFTRT_GPU_CHECKS_PARTS:-ctest trainer python} " =~ \ $name\  ]]; then
+  if [[ ! " env build ${OSFTRT_GPU_CHECKS_PARTS:-probe ctest trainer python} " =~ \ $name\  ]]; then
     printf '%-8s %-7s %s\n' "$name" "-" "not selected (OSFTRT_GPU_CHECKS_PARTS)" | tee -a "$out/summary.txt"
     return 0
   fi
@@ -447,12 +470,13 @@ if [[ -f $state/built ]]; then
   # the binding's build needs only the installed library: overlap it with ctest and the trainer
   (timeout -k 10 300 bash "$self" --part pybuild; echo $? > "$state/pybuild.rc") &
   pybuild_pid=$!
+  run_part probe 20 130
   run_part ctest 200 110
   run_part trainer 120 60
   wait "$pybuild_pid"
   run_part python 240 0
 else
-  for p in ctest trainer python; do
+  for p in probe ctest trainer python; do
     printf '%-8s %-7s %s\n' "$p" SKIP "no build" | tee -a "$out/summary.txt"
   done
   verdict=1

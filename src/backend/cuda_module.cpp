@@ -2,8 +2,13 @@
  * runtime of src/core/cuda_runtime.h and the CUDA kernel tables, each
  * forwarded to the module, which the first request loads. Requests that
  * need no GPU (a NULL handle to destroy, the toolkit's version) never load
- * it, so a CPU-only program maps no CUDA library. */
+ * it, so a CPU-only program maps no CUDA library; counting the devices
+ * asks the CUDA driver alone (libcuda.so.1), so a program that asks
+ * whether it has a GPU and finds none maps no cuBLAS, cuSOLVER or NCCL
+ * either. */
 #include "backend/cuda_module.h"
+
+#include <dlfcn.h>
 
 #include <string>
 
@@ -22,6 +27,62 @@ namespace {
 LoadedModule<CudaModule> &cuda_slot() {
   static LoadedModule<CudaModule> slot(find_cuda_module);
   return slot;
+}
+
+/* The CUDA driver API's device count (cuDeviceGetCount), from
+ * libcuda.so.1 alone: opened once per process, with cuInit. Where the
+ * driver is missing, its major version is older than the toolkit's the
+ * module was built with (the module's runtime would refuse it:
+ * cudaErrorInsufficientDriver) or cuInit fails (no device), the library
+ * is closed again and the count is 0 for the life of the process, as the
+ * runtime's would be (a failed cuInit is final). */
+class CudaDriver {
+ public:
+  CudaDriver() noexcept {
+    handle_ = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (handle_ == nullptr) {
+      log_message(OSFT_LOG_DEBUG, "CUDA devices: no CUDA driver (libcuda.so.1): 0");
+      return;
+    }
+    using Init = int (*)(unsigned);
+    using Version = int (*)(int *);
+    const auto init = reinterpret_cast<Init>(dlsym(handle_, "cuInit"));
+    const auto version = reinterpret_cast<Version>(dlsym(handle_, "cuDriverGetVersion"));
+    count_ = reinterpret_cast<Count>(dlsym(handle_, "cuDeviceGetCount"));
+    int v = 0;
+    const char *why = nullptr;
+    if (init == nullptr || version == nullptr || count_ == nullptr || version(&v) != 0)
+      why = "lacks the driver API";
+    else if (v / 1000 < OSFTRT_CUDA_TOOLKIT_VERSION / 1000)
+      why = "is older than this libosftrt's CUDA";
+    else if (init(0) != 0)
+      why = "found no usable device (cuInit failed)";
+    if (why != nullptr) {
+      log_message(OSFT_LOG_DEBUG, "CUDA devices: the CUDA driver %d.%d %s: 0", v / 1000,
+                  v % 1000 / 10, why);
+      count_ = nullptr;
+      dlclose(handle_);
+      handle_ = nullptr;
+    }
+  }
+  CudaDriver(const CudaDriver &) = delete;
+  CudaDriver &operator=(const CudaDriver &) = delete;
+
+  int device_count() const noexcept {
+    int n = 0;
+    if (count_ == nullptr || count_(&n) != 0) return 0;
+    return n;
+  }
+
+ private:
+  using Count = int (*)(int *);
+  void *handle_ = nullptr; /* stays open once initialized: the runtime shares it */
+  Count count_ = nullptr;
+};
+
+const CudaDriver &cuda_driver() noexcept {
+  static const CudaDriver driver;
+  return driver;
 }
 
 }  // namespace
@@ -55,13 +116,13 @@ bool compiled() noexcept {
   return OSFTRT_HAVE_CUDA;
 }
 
+/* The module's count once it is loaded (the runtime's, as a context sees
+ * it); before, the driver's alone: loading the module (cuBLAS, cuSOLVER,
+ * NCCL: ~180 MiB resident) waits for the first request that uses a GPU. */
 int device_count() noexcept {
   if (!OSFTRT_HAVE_CUDA) return 0;
-  try {
-    return cuda_module("CUDA devices").device_count();
-  } catch (...) {
-    return 0; /* no module, no runtime: no devices */
-  }
+  if (const CudaModule *m = cuda_module_loaded()) return m->device_count();
+  return cuda_driver().device_count();
 }
 
 void check_device(int device_id, const char *arg) {

@@ -1,10 +1,12 @@
 /* Internal: the seam between the core (libosftrt.so.1) and the CUDA module
  * (libosftrt_cuda.so.1: the CUDA kernels, cuBLAS, cuSOLVER and NCCL).
  *
- * The core never links a CUDA library. The first CUDA context, CUDA device
- * query or NCCL communicator loads the module (src/backend/module_load.h:
- * dlopen, beside the core or from $OSFTRT_CUDA_MODULE) and takes this table
- * from it; a CPU-only program maps none of it. The static archive links the
+ * The core never links a CUDA library. The first CUDA context or NCCL
+ * communicator loads the module (src/backend/module_load.h: dlopen, beside
+ * the core or from $OSFTRT_CUDA_MODULE) and takes this table from it; a
+ * CPU-only program maps none of it. Counting the CUDA devices before that
+ * asks the CUDA driver alone (libcuda.so.1: cuda_module.cpp), so a program
+ * that finds no GPU maps no module either. The static archive links the
  * module's objects in and takes the table directly (src/cuda/module_linked.cpp).
  *
  * Core and module are built from one source tree and must be of the same

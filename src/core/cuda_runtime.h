@@ -13,8 +13,12 @@ namespace osft::cuda {
 
 bool compiled() noexcept;
 
-/* Visible GPUs; 0 when there is no module, runtime, driver or device.
- * Loads the CUDA module. */
+/* Visible GPUs; 0 when there is no driver or device (or CUDA is not
+ * compiled in). Maps only the CUDA driver (libcuda.so.1, cuInit and
+ * cuDeviceGetCount) until the CUDA module is loaded (the first context,
+ * check_device or NCCL communicator), then asks the module's runtime. A
+ * count above 0 does not promise a context: the module or a library it
+ * needs may still be missing (check_device says so). */
 int device_count() noexcept;
 
 /* Throws OSFT_STATUS_NOT_SUPPORTED (not compiled in) or

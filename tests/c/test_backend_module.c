@@ -1,7 +1,10 @@
 /* The CUDA backend is a module loaded on first use (issue 42, ABI.md
  * "Optional modules"), and so is the MPI engine: a CPU program linked
  * against a CUDA- and MPI-enabled libosftrt maps no CUDA or MPI library, at
- * start or after CPU work; a CUDA context where the
+ * start or after CPU work; counting the CUDA devices maps the CUDA driver
+ * (libcuda.so.1) at most, no module, runtime, cuBLAS, cuSOLVER or NCCL, and
+ * where it finds none grows the resident set by at most 10 MiB (issue 55);
+ * the count is the driver's own; a CUDA context where the
  * module or a CUDA library is missing fails with OSFT_STATUS_NO_DEVICE and a
  * message naming what was not found; the module hands its table only to a
  * core of its own version.
@@ -37,15 +40,20 @@ static const char *const cuda_names[] = {
     "libcublasLt.so",    "libcusolver.so", "libnccl.so",
     "libnvJitLink.so",   "libcusparse.so", "libcuda.so"};
 
-/* The first CUDA library mapped into this process, or NULL. */
-static const char *mapped_cuda_library(char *line, size_t n) {
+/* The CUDA driver, the one CUDA library a device count may map. */
+static const char kDriver[] = "libcuda.so";
+
+/* The first CUDA library mapped into this process, or NULL; with
+ * `but_driver`, the driver does not count. */
+static const char *mapped_cuda_library(char *line, size_t n, int but_driver) {
   FILE *f = fopen("/proc/self/maps", "r");
   assert_non_null(f);
   const char *found = NULL;
   while (found == NULL && fgets(line, (int)n, f) != NULL) {
     const char *slash = strrchr(line, '/');
     for (size_t i = 0; slash != NULL && i < sizeof cuda_names / sizeof *cuda_names; ++i)
-      if (strncmp(slash + 1, cuda_names[i], strlen(cuda_names[i])) == 0)
+      if (strncmp(slash + 1, cuda_names[i], strlen(cuda_names[i])) == 0 &&
+          !(but_driver && strcmp(cuda_names[i], kDriver) == 0))
         found = slash + 1;
   }
   fclose(f);
@@ -54,8 +62,30 @@ static const char *mapped_cuda_library(char *line, size_t n) {
 
 static void assert_no_cuda_mapped(const char *when) {
   char line[1024];
-  const char *lib = mapped_cuda_library(line, sizeof line);
+  const char *lib = mapped_cuda_library(line, sizeof line, 0);
   if (lib != NULL) fail_msg("%s: a CUDA library is mapped: %s", when, lib);
+}
+
+/* Whether a library whose file name starts with `name` is mapped. */
+static int is_mapped(const char *name) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  assert_non_null(f);
+  char line[1024];
+  int found = 0;
+  while (!found && fgets(line, (int)sizeof line, f) != NULL) {
+    const char *slash = strrchr(line, '/');
+    found = slash != NULL && strncmp(slash + 1, name, strlen(name)) == 0;
+  }
+  fclose(f);
+  return found;
+}
+
+/* Only the driver, if anything: no module, runtime or CUDA library. */
+static void assert_only_the_driver_mapped(const char *when) {
+  char line[1024];
+  const char *lib = mapped_cuda_library(line, sizeof line, 1);
+  if (lib != NULL)
+    fail_msg("%s: a CUDA library beyond the driver is mapped: %s", when, lib);
 }
 
 static long vm_rss_kib(void) {
@@ -67,6 +97,36 @@ static long vm_rss_kib(void) {
     if (sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
   fclose(f);
   return kib;
+}
+
+/* The visible GPUs as the CUDA driver itself counts them (cuInit,
+ * cuDeviceGetCount through libcuda.so.1), 0 without a driver, with one
+ * older than this build's CUDA major version (the module's runtime refuses
+ * it), or without CUDA in the build. Maps the driver. */
+static int driver_device_count(void) {
+  int major = 0, minor = 0;
+  const char *cuda = strstr(osft_build_info(), "; CUDA ");
+  if (!osft_has_feature(OSFT_FEATURE_CUDA) || cuda == NULL ||
+      sscanf(cuda, "; CUDA %d.%d", &major, &minor) != 2)
+    return 0;
+  void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL) {
+    print_message("CUDA driver: absent (libcuda.so.1); this build's CUDA %d.%d\n", major,
+                  minor);
+    return 0;
+  }
+  typedef int (*int_fn)(int *);
+  typedef int (*init_fn)(unsigned);
+  init_fn init = (init_fn)(uintptr_t)dlsym(h, "cuInit");
+  int_fn version = (int_fn)(uintptr_t)dlsym(h, "cuDriverGetVersion");
+  int_fn count = (int_fn)(uintptr_t)dlsym(h, "cuDeviceGetCount");
+  int v = 0, n = 0;
+  if (init == NULL || version == NULL || count == NULL || version(&v) != 0 ||
+      v / 1000 < major || init(0) != 0 || count(&n) != 0)
+    n = 0;
+  print_message("CUDA driver: %s, version %d, %d device(s); this build's CUDA %d.%d\n",
+                init != NULL ? "present" : "absent", v, n, major, minor);
+  return n; /* the driver stays mapped, as the library's probe leaves it */
 }
 
 /* One fused cross-entropy call on a CPU context (M tokens, H hidden, V
@@ -129,6 +189,33 @@ static void test_cpu_program_maps_no_cuda(void **state) {
   assert_true(rss > 0 && rss < 64 * 1024);
 }
 
+/* Counting the CUDA devices (a trainer's "GPU if present") maps the CUDA
+ * driver at most: no libosftrt_cuda, CUDA runtime, cuBLAS, cuSOLVER or
+ * NCCL (they load with the first CUDA context); where it finds no device
+ * the process grows by at most 10 MiB (the module took ~180 MiB); the count
+ * is the driver's. Runs before anything loads the module (the test below). */
+static void test_device_count_maps_only_the_driver(void **state) {
+  (void)state;
+  assert_no_cuda_mapped("before counting");
+  const long before = vm_rss_kib();
+  int n = -1;
+  assert_ok(osft_device_count(OSFT_DEVICE_CUDA, &n));
+  const long after = vm_rss_kib();
+  print_message("osft_device_count(CUDA) = %d; VmRSS %ld -> %ld KiB\n", n, before, after);
+  assert_only_the_driver_mapped("after osft_device_count(OSFT_DEVICE_CUDA)");
+  if (n == 0) assert_true(after - before <= 10 * 1024);
+  int again = -1;
+  assert_ok(osft_device_count(OSFT_DEVICE_CUDA, &again));
+  assert_int_equal(again, n);
+  assert_only_the_driver_mapped("after a second count");
+  if (!osft_has_feature(OSFT_FEATURE_CUDA)) assert_int_equal(n, 0);
+  assert_int_equal(n, driver_device_count());
+  assert_only_the_driver_mapped("after the driver's own count");
+  /* CPU work still maps nothing more */
+  cpu_flce_matches_reference();
+  assert_only_the_driver_mapped("after CPU work");
+}
+
 /* A CUDA context: created on a GPU with the module at hand, else refused
  * with OSFT_STATUS_NO_DEVICE (NOT_SUPPORTED without CUDA in the build) and
  * a message naming what is missing; nothing is written to the handle. */
@@ -152,17 +239,24 @@ static void test_cuda_context_where_cuda_is_missing(void **state) {
     assert_int_equal(st, OSFT_STATUS_NO_DEVICE);
     assert_error_mentions("libosftrt_cuda.so.1");
     assert_error_mentions("libcudart.so");
-    assert_no_cuda_mapped("after the refused CUDA context");
+    assert_only_the_driver_mapped("after the refused CUDA context");
   } else if (st == OSFT_STATUS_SUCCESS) {
+    /* a GPU: the context, not the count before it, loaded the module */
+    assert_true(is_mapped("libosftrt_cuda.so"));
+    int n = -1;
+    assert_ok(osft_device_count(OSFT_DEVICE_CUDA, &n));
+    assert_true(n >= 1);
     assert_ok(osft_context_destroy(ctx));
     return;
   } else {
     assert_int_equal(st, OSFT_STATUS_NO_DEVICE); /* no GPU here */
   }
   assert_true(ctx == (osft_context_t)(uintptr_t)0x1234);
+  /* the count is the driver's: with the module missing too (a context then
+   * fails, naming what is missing) */
   int n = -1;
   assert_ok(osft_device_count(OSFT_DEVICE_CUDA, &n));
-  if (strcmp(mode(), "") != 0) assert_int_equal(n, 0);
+  assert_int_equal(n, driver_device_count());
   /* CPU work still works after the refusal. */
   cpu_flce_matches_reference();
 }
@@ -180,7 +274,7 @@ static void test_mpi_communicator_where_the_module_is_missing(void **state) {
   assert_error_mentions("OSFTRT_MPI_MODULE");
   assert_error_mentions("cannot load /nonexistent-osftrt-module:"); /* a file, no slash */
   assert_true(comm == (osft_comm_t)(uintptr_t)0x1234);
-  assert_no_cuda_mapped("after the refused MPI communicator");
+  assert_only_the_driver_mapped("after the refused MPI communicator");
   assert_ok(osft_context_destroy(ctx));
 }
 
@@ -204,6 +298,7 @@ static void test_module_refuses_another_version(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cpu_program_maps_no_cuda),
+      cmocka_unit_test(test_device_count_maps_only_the_driver),
       cmocka_unit_test(test_cuda_context_where_cuda_is_missing),
       cmocka_unit_test(test_module_refuses_another_version),
       cmocka_unit_test(test_mpi_communicator_where_the_module_is_missing),
