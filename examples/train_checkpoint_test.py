@@ -308,6 +308,8 @@ def test_bad(trainer, work):
         b[t["at"]:t["at"] + 80] = name.encode().ljust(80, b"\0")
         return reseal(bytes(b))
 
+    spans = sorted((t["offset"], t["offset"] + t["bytes"]) for t in e.values())
+    padding = next(end for (_, end), (start, _) in zip(spans, spans[1:]) if start > end)
     version2 = bytearray(good)
     struct.pack_into("<I", version2, 8, 2)
     data_dir = os.path.join(work, "data")
@@ -336,6 +338,7 @@ def test_bad(trainer, work):
         ("tensor", flip(good, u_high["offset"] + 5), [],
          "tensor 'osft/block0.mix/u_high' (f32 [%d x %d] at offset %d): checksum mismatch"
          % (u_high["shape"] + (u_high["offset"],))),
+        ("padding", flip(good, padding), [], "byte %d (padding, before tensor" % padding),
         ("shape", with_shape(good, u_low, (c, r)), [],
          "tensor 'osft/block0.mix/u_low' is f32 [%d x %d]; this run needs f32 [%d x %d]"
          % (c, r, r, c)),
@@ -372,6 +375,22 @@ def test_bad(trainer, work):
         if content is not None:
             ok &= check(open(path, "rb").read() == content, "%s: the file changed" % name)
         print("%-20s %s  %s" % (name, "ok  " if ok else "FAIL", said), flush=True)
+    # Any single damaged byte or cut is caught (CRC32 finds every error of up
+    # to 32 consecutive bits; the padding must be zero), with exit 1, never a
+    # crash.
+    rng = random.Random(52)
+    d = os.path.join(work, "case-random")
+    os.makedirs(d, exist_ok=True)
+    caught = 0
+    damaged = [flip(good, rng.randrange(len(good))) for _ in range(30)]
+    damaged += [good[:rng.randrange(len(good))] for _ in range(10)]
+    for content in damaged:
+        open(os.path.join(d, CKPT), "wb").write(content)
+        r = run(trainer, ["--inspect", d])
+        caught += check(r.returncode == 1 and "checkpoint " + os.path.join(d, CKPT) in r.stderr,
+                        "a damaged file: exit %d, %s" % (r.returncode, r.stderr.strip()))
+    print("%d of %d randomly damaged files (30 flipped bytes, 10 cuts) refused" %
+          (caught, len(damaged)))
     # --inspect says the same of a damaged file, and reads the good one.
     r = run(trainer, ["--inspect", os.path.join(work, "case-tensor")])
     check(r.returncode == 1 and "checksum mismatch" in r.stderr, "--inspect of a damaged file")

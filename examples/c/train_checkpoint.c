@@ -49,7 +49,8 @@
  *                                eigenbases ql, qr)
  *
  * Reading verifies everything before anything is used: size, magic,
- * version, both header checksums, every entry's bounds and checksum; then
+ * version, both header checksums, every entry's bounds and checksum, that
+ * the bytes between tensors are zero (so any damaged byte is found); then
  * the configuration and the data against this run's; then each tensor's
  * dtype and shape as it is loaded. Any failure stops the program with a
  * message naming the file and the field (exit 1).
@@ -390,8 +391,10 @@ static void verify_header(const checkpoint_t *ck, uint64_t *data_off) {
   if (memcmp(h, MAGIC, sizeof MAGIC) != 0)
     ck_fail(ck, "not an osftrt_train checkpoint (no OSFTCKPT magic)");
   if (get32(h + 60) != crc32_update(0, h, 60))
-    ck_fail(ck, "header checksum mismatch (stored %08x, computed %08x): corrupted",
-            get32(h + 60), crc32_update(0, h, 60));
+    ck_fail(
+        ck, "header checksum mismatch (stored %08x, computed %08x): corrupted%s",
+        get32(h + 60), crc32_update(0, h, 60),
+        get32(h + 8) != FORMAT_VERSION ? ", or of a format version other than 1" : "");
   if (get32(h + 8) != FORMAT_VERSION)
     ck_fail(ck, "format version %u; this trainer reads version %d", get32(h + 8),
             FORMAT_VERSION);
@@ -414,7 +417,8 @@ static void verify_header(const checkpoint_t *ck, uint64_t *data_off) {
 static void verify_entry(const checkpoint_t *ck, const entry_t *e, uint64_t data_off) {
   const size_t size = dtype_size(e->dtype);
   if (e->name[0] == '\0') ck_fail(ck, "an entry without a name");
-  if (size == 0 || e->ndim > 2 || e->shape[0] > ck->size || e->shape[1] > ck->size ||
+  if (size == 0 || e->ndim > 2 || e->shape[0] == 0 ||
+      e->shape[1] > ck->size / size / e->shape[0] ||
       e->bytes != e->shape[0] * e->shape[1] * size)
     ck_fail(ck, "tensor '%s': bad dtype or shape", e->name);
   if (e->offset < data_off || e->offset > ck->size || e->bytes > ck->size - e->offset)
@@ -428,6 +432,31 @@ static void verify_entry(const checkpoint_t *ck, const entry_t *e, uint64_t data
             "%08x): corrupted",
             e->name, shape, (unsigned long long)e->offset, e->crc, crc);
   }
+}
+
+static int by_offset(const void *a, const void *b) {
+  const uint64_t x = ((const entry_t *)a)->offset, y = ((const entry_t *)b)->offset;
+  return (x > y) - (x < y);
+}
+
+/* The bytes no checksum covers, between the directory and the data and
+ * between tensors, must be zero; tensors must not overlap. */
+static void verify_padding(const checkpoint_t *ck, uint64_t dir_end) {
+  entry_t *sorted = xcalloc((size_t)ck->n + 1, sizeof(entry_t));
+  memcpy(sorted, ck->e, (size_t)ck->n * sizeof(entry_t));
+  qsort(sorted, (size_t)ck->n, sizeof(entry_t), by_offset);
+  sorted[ck->n].offset = ck->size; /* the end of the file */
+  uint64_t at = dir_end;
+  for (int i = 0; i <= ck->n; ++i) {
+    if (sorted[i].offset < at)
+      ck_fail(ck, "tensor '%s' overlaps the data before it", sorted[i].name);
+    for (; at < sorted[i].offset; ++at)
+      if (ck->bytes[at] != 0)
+        ck_fail(ck, "byte %llu (padding, before tensor '%s') is not zero: corrupted",
+                (unsigned long long)at, i < ck->n ? sorted[i].name : "(end of file)");
+    at = sorted[i].offset + sorted[i].bytes;
+  }
+  free(sorted);
 }
 
 /* Reads and verifies the whole file (format, checksums, names unique). */
@@ -446,6 +475,7 @@ static checkpoint_t *checkpoint_read(const char *dir) {
       if (strcmp(ck->e[j].name, ck->e[i].name) == 0)
         ck_fail(ck, "tensor '%s' appears twice", ck->e[i].name);
   }
+  verify_padding(ck, HEADER_BYTES + (uint64_t)ck->n * ENTRY_BYTES);
   return ck;
 }
 
