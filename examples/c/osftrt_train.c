@@ -24,6 +24,11 @@
  * separate host buffers on the CPU, so it is testable without a GPU and
  * must give the same losses, bit for bit, as --device cpu.
  *
+ * --save DIR writes a checkpoint (train_checkpoint.c) every --save-every
+ * steps and at the end, atomically; --resume DIR continues the run that
+ * wrote it, bit for bit (the same losses as a run never stopped, with the
+ * same --save-every).
+ *
  * Exit status: 0 on success; 1 on bad flags, data or checkpoint; 2 on a libosftrt
  * error (the message names the call and the library's reason); 3 when
  * --check is given and a check failed.
