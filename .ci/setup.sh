@@ -27,6 +27,7 @@ packages=(
   abigail-tools clang-format python3-pip
   doxygen  # API reference: target osftrt_docs, .ci/stage_docs.sh
   clang libclang-rt-dev valgrind  # fuzz (libFuzzer), TSan, memcheck stages
+  strace  # ctest threads_created_per_call: no thread created per call (issue 55)
   python3-clang-14 golang-go  # Julia binding generator/checks; Go binding
   bindgen libclang1-14 libclang-common-14-dev  # Rust binding: bindgen drift check, .ci/stage_rust.sh
   python3-dev python3-venv python3-torch python3-numpy python3-pytest  # Python binding (/usr/bin/python3), .ci/stage_python.sh

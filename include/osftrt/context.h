@@ -492,6 +492,65 @@ OSFT_API osft_status_t osft_context_get_memory_stats(osft_context_t ctx,
 OSFT_API osft_status_t osft_context_reset_peak_memory(osft_context_t ctx);
 
 /**
+ * @brief Sets how many CPU threads the library uses, process-wide: its own
+ * worker threads and its BLAS engine's (OpenBLAS or oneMKL) alike.
+ *
+ * The thread model: one count per process, in this order of precedence:
+ *   1. the count set here (n >= 1);
+ *   2. the environment, read once when the count is first needed (the first
+ *      CPU context, or osft_get_num_threads()): OSFTRT_NUM_THREADS, then
+ *      OMP_NUM_THREADS (its first entry), then the engine's own variable
+ *      (OPENBLAS_NUM_THREADS or MKL_NUM_THREADS); values that are not
+ *      positive integers are ignored (a warning is logged);
+ *   3. the CPUs the process may run on (its sched_getaffinity set, which
+ *      honours taskset and cgroup cpusets), at most 1024.
+ * The library keeps n - 1 worker threads in one pool per process, started
+ * on the first call that has enough work for them (not per call: a steady
+ * state creates no thread), waiting on a futex when idle after a few tens
+ * of microseconds of spinning; the calling thread is the n-th. Work too
+ * small to split runs on the calling thread with no synchronization. The
+ * BLAS engine is given the same count (openblas_set_num_threads,
+ * mkl_set_num_threads) when the count is resolved and at each change, so
+ * the library's GEMMs use n threads too (a program that also calls
+ * OpenBLAS or oneMKL directly shares that setting). Several contexts used
+ * at once from several threads share the pool: a call that finds it busy
+ * runs its parallel parts on its own thread rather than waiting (the cores
+ * are taken anyway). After fork() the child starts a fresh pool on its
+ * first parallel call; the count carries over.
+ *
+ * A host that owns the process's threads should tell the library its own
+ * count: the Python package does so before each call with
+ * torch.get_num_threads() (so torch.set_num_threads(n) reaches the
+ * library); a C or C++ host calls this function once at start and again
+ * whenever its own count changes (e.g. with at::get_num_threads() in
+ * libtorch).
+ *
+ * @param[in] n  Threads, 1 to 1024; 0 returns to the automatic count
+ *               (environment, then CPUs).
+ * @retval OSFT_STATUS_SUCCESS  The count is set and the engine told; calls
+ *   that start afterwards use it (a call already running keeps its own).
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  n is negative or above 1024
+ *   (nothing changes).
+ * @par Thread safety
+ * Thread-safe; may be called while other threads run library calls.
+ * Added in 1.4.0.
+ */
+OSFT_API osft_status_t osft_set_num_threads(int n);
+
+/**
+ * @brief Writes the CPU thread count in effect (see osft_set_num_threads())
+ * to *n: the count set there, else the one from the environment or the
+ * CPUs (resolved now if no CPU context has resolved it yet).
+ *
+ * @param[out] n  Receives the count (>= 1).
+ * @retval OSFT_STATUS_SUCCESS  *n was written.
+ * @retval OSFT_STATUS_INVALID_ARGUMENT  n is NULL.
+ * @par Thread safety
+ * Thread-safe. Added in 1.4.0.
+ */
+OSFT_API osft_status_t osft_get_num_threads(int *n);
+
+/**
  * @def OSFT_ALLOCATOR_INIT(a)
  * @brief osft_allocator_init() with the struct's own size.
  * @param a  Pointer to an osft_allocator_t.

@@ -255,6 +255,28 @@ inline int device_count(osft_device_type_t type) {
 }
 
 /**
+ * @brief Sets the library's CPU thread count, process-wide (its worker
+ * threads and its BLAS engine's; osft_set_num_threads()). A libtorch host
+ * passes at::get_num_threads() at start and after each change of its own.
+ * @param n  Threads (1 to 1024), or 0 for the automatic count
+ *           (environment, then the process's CPUs).
+ * @throws Error OSFT_STATUS_INVALID_ARGUMENT for n < 0 or n > 1024.
+ */
+inline void set_num_threads(int n) {
+  detail::check(osft_set_num_threads(n));
+}
+
+/**
+ * @brief The CPU thread count in effect (osft_get_num_threads()).
+ * @return The count (>= 1).
+ */
+inline int num_threads() {
+  int n = 0;
+  detail::check(osft_get_num_threads(&n));
+  return n;
+}
+
+/**
  * @brief Installs a C log callback process-wide (osft_set_log_callback()).
  * @param callback   The sink, or NULL to remove it.
  * @param user       Passed back to the sink.

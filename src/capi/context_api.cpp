@@ -4,6 +4,7 @@
 
 #include "capi/capi_util.h"
 #include "core/context_impl.h"
+#include "core/cpu_blas.h"
 #include "core/cuda_runtime.h"
 #include "core/error.h"
 #include "core/handle.h"
@@ -175,6 +176,29 @@ OSFT_API osft_status_t osft_context_get_memory_stats(osft_context_t ctx,
 OSFT_API osft_status_t osft_context_reset_peak_memory(osft_context_t ctx) {
   return api_call("osft_context_reset_peak_memory", [&] {
     osft::checked_context(ctx, "ctx").allocator.reset_peaks();
+    return OSFT_STATUS_SUCCESS;
+  });
+}
+
+OSFT_API osft_status_t osft_set_num_threads(int n) {
+  return api_call("osft_set_num_threads", [&] {
+    if (n < 0)
+      raise(OSFT_STATUS_INVALID_ARGUMENT,
+            "n: %d is negative; pass a thread count from 1 to %d, or 0 for the "
+            "automatic count",
+            n, osft::blas::kMaxThreads);
+    if (n > osft::blas::kMaxThreads)
+      raise(OSFT_STATUS_INVALID_ARGUMENT, "n: %d is above the limit of %d threads", n,
+            osft::blas::kMaxThreads);
+    osft::blas::set_num_threads(n);
+    return OSFT_STATUS_SUCCESS;
+  });
+}
+
+OSFT_API osft_status_t osft_get_num_threads(int *n) {
+  return api_call("osft_get_num_threads", [&] {
+    require(n, "n");
+    *n = osft::blas::num_threads();
     return OSFT_STATUS_SUCCESS;
   });
 }

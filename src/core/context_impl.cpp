@@ -2,6 +2,7 @@
 
 #include <new>
 
+#include "core/cpu_blas.h"
 #include "core/cuda_runtime.h"
 #include "core/error.h"
 #include "core/handle.h"
@@ -55,6 +56,9 @@ const char *device_name(const Context &ctx) {
 
 Context *create_context(const osft_context_options_t *user_opts) {
   const osft_context_options_t opts = read_options(user_opts);
+  /* The thread count resolved and the BLAS told it before the first GEMM
+   * (which may come before any pass that asks for the count). */
+  if (opts.device_type == OSFT_DEVICE_CPU) blas::num_threads();
   Allocator alloc(opts.allocator, "opts->allocator");
   void *mem = alloc.host_alloc(sizeof(Context), "context");
   Context *ctx = new (mem) Context(opts, alloc);
@@ -348,5 +352,23 @@ extern "C" osft_status_t osfti_context_peek_handles(osft_context_t ctx, void **b
     const osft::Context &c = osft::checked_context(ctx, "ctx");
     *blas = c.blas;
     *solver = c.solver;
+  });
+}
+
+extern "C" void osfti_cpu_threads(int *count, int *pool_workers, int *blas_threads) {
+  *count = osft::blas::num_threads();
+  *pool_workers = osft::blas::pool_workers();
+  *blas_threads = osft::blas::threads();
+}
+
+extern "C" void osfti_cpu_run_parts(int parts, int serial_blas, void (*part)(void *, int),
+                                    void *user) {
+  osft::blas::run_parts(parts, [&](int p) {
+    if (serial_blas) {
+      osft::blas::SerialBlas single;
+      part(user, p);
+    } else {
+      part(user, p);
+    }
   });
 }

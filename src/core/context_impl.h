@@ -19,6 +19,13 @@ osft_status_t osfti_context_blas_handle(osft_context_t ctx, void **handle);
 osft_status_t osfti_context_solver_handle(osft_context_t ctx, void **handle);
 /* The handles created so far (NULL if not yet), without creating any. */
 osft_status_t osfti_context_peek_handles(osft_context_t ctx, void **blas, void **solver);
+/* The library's CPU thread count, the workers its pool has started and the
+ * BLAS engine's own count (what the tests compare). */
+void osfti_cpu_threads(int *count, int *pool_workers, int *blas_threads);
+/* run_parts of the pool (src/core/cpu_blas.h) for the tests: part(user, p)
+ * for p in [0, parts), each holding the BLAS at one thread if serial_blas. */
+void osfti_cpu_run_parts(int parts, int serial_blas, void (*part)(void *, int),
+                         void *user);
 
 #ifdef __cplusplus
 }

@@ -13,7 +13,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <functional>
+#include <memory>
+#include <type_traits>
+#include <utility>
 
 #include "core/bf16.h"
 #include "core/matrix_view.h"
@@ -25,24 +27,88 @@ namespace osft::blas {
  * this CPU. Static storage. */
 const char *describe() noexcept;
 
-/* The engine's thread count for one call, and setting it process-wide. */
+/* The engine's own thread count, and setting it process-wide (the engine
+ * file's call: openblas_set_num_threads, mkl_set_num_threads). Kernels do
+ * not call set_threads: the library's count below tells the engine. */
 int threads() noexcept;
 void set_threads(int n) noexcept;
+/* The engine's own thread-count variable ("OPENBLAS_NUM_THREADS",
+ * "MKL_NUM_THREADS"), which the library's count follows too. */
+const char *threads_env() noexcept;
 
-/* Runs body(begin, end) over [0, n) split into one part per thread, of
- * at least `grain` items, the calling thread taking the first: the
- * element-wise passes between the GEMMs. Each engine file picks the
- * threads (why: the comment at each definition); body must not throw. */
-void parallel_for(int64_t n, int64_t grain,
-                  const std::function<void(int64_t, int64_t)> &body);
-/* The same on threads of our own, up to hardware_concurrency parts, joined
- * before return (src/cpu/parallel_cpu.cpp). */
-void parallel_for_threads(int64_t n, int64_t grain,
-                          const std::function<void(int64_t, int64_t)> &body);
+/* ------------------------------------------------ the library's threads */
+/* src/cpu/parallel_cpu.cpp. One thread count for the whole process: the
+ * explicit one (set_num_threads, osft_set_num_threads), else the
+ * environment (OSFTRT_NUM_THREADS, OMP_NUM_THREADS, then the engine's own
+ * variable: OPENBLAS_NUM_THREADS or MKL_NUM_THREADS), else the CPUs this
+ * process may run on (sched_getaffinity), at most kMaxThreads. The
+ * environment and the affinity are read once, when the count is first
+ * needed. The engine is told the count then and at every change, so its
+ * GEMMs and the library's own passes use the same threads. */
+constexpr int kMaxThreads = 1024;
+
+/* The count in effect (>= 1): an atomic load after the first call. */
+int num_threads() noexcept;
+/* n >= 1: the explicit count; 0: back to the environment / affinity.
+ * Arrives checked (0 <= n <= kMaxThreads). Thread-safe. */
+void set_num_threads(int n) noexcept;
+/* Worker threads the pool has started (tests): count - 1 after a first
+ * parallel call, fewer where the system refused a thread. */
+int pool_workers() noexcept;
+
+/* A callable borrowed for one call (no allocation, unlike std::function):
+ * the callee must not keep it beyond the call. */
+template <class Sig>
+class FunctionRef;
+template <class R, class... Args>
+class FunctionRef<R(Args...)> {
+ public:
+  template <class F,
+            class = std::enable_if_t<!std::is_same<std::decay_t<F>, FunctionRef>::value>>
+  FunctionRef(F &&f) noexcept /* NOLINT: implicit on purpose */
+      : obj_(const_cast<void *>(static_cast<const void *>(std::addressof(f)))),
+        call_([](void *obj, Args... args) -> R {
+          return (*static_cast<std::remove_reference_t<F> *>(obj))(
+              std::forward<Args>(args)...);
+        }) {}
+  R operator()(Args... args) const { return call_(obj_, std::forward<Args>(args)...); }
+
+ private:
+  void *obj_;
+  R (*call_)(void *, Args...);
+};
+
+/* Runs part(p) for every p in [0, parts) exactly once and returns when all
+ * are done: on the process's pool of persistent worker threads (started on
+ * the first call that needs them, num_threads() - 1 of them; no thread is
+ * created per call), the calling thread taking parts too. Parts run on
+ * whichever thread is free first, several possibly on one thread, so a
+ * part must not wait for another. When the pool is taken (a call from
+ * another thread, or a nested call from a part) every part runs here, one
+ * after another. part must not throw. */
+void run_parts(int parts, FunctionRef<void(int)> part);
+
+/* Holds the engine's GEMMs at one thread while any SerialBlas is alive (the
+ * batched QR's lanes, which are threads themselves), then gives it back
+ * the library's count, even if that changed meanwhile. */
+class SerialBlas {
+ public:
+  SerialBlas();
+  ~SerialBlas();
+  SerialBlas(const SerialBlas &) = delete;
+  SerialBlas &operator=(const SerialBlas &) = delete;
+};
+
+/* Runs body(begin, end) over [0, n) split into at most num_threads()
+ * parts of at least `grain` items, the calling thread taking a part: the
+ * element-wise passes between the GEMMs. One part runs here, with no
+ * synchronization at all. Each engine file picks the threads (why: the
+ * comment at each definition); body must not throw. */
+void parallel_for(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t)> body);
 
 /* The rows of an element-wise pass over a rows x cols matrix through
  * parallel_for, at least 64K elements (and one row) a part; a pass under
- * two parts' worth runs here, without a std::function or a thread. */
+ * two parts' worth runs here, without touching the pool. */
 template <class Body>
 void parallel_rows(int64_t rows, int64_t cols, const Body &body) {
   constexpr int64_t kGrain = 1 << 16;

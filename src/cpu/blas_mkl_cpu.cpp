@@ -47,20 +47,24 @@ int threads() noexcept {
 void set_threads(int n) noexcept {
   mkl_set_num_threads(n);
 }
+const char *threads_env() noexcept {
+  return "MKL_NUM_THREADS";
+}
 
 /* The element-wise passes run on the OpenMP team that runs MKL's GEMMs
  * (GNU OpenMP: the same libgomp pool), not beside it. With threads of our
- * own, MKL's team kept spinning (active waiting) through each pass between
- * two GEMMs, on the cores the pass ran on: libgomp's spin was 13% of a bf16
+ * own (then started per call; src/cpu/parallel_cpu.cpp's pool now, beside
+ * which the team would spin just the same), MKL's team kept spinning
+ * (active waiting) through each pass between two GEMMs, on the cores the
+ * pass ran on: libgomp's spin was 13% of a bf16
  * tiled MLP's profile on 2 cores. Re-measured on 2 shared cores (load 2-5,
  * SwiGLU 4096 x 512 x 1792, both variants interleaved in one process): bf16
  * min 411 ms (team) vs 470 ms (own threads), median 919 vs 868; fp32 min
  * 1047 vs 1139, median 1670 vs 1598. The 2-3x loss once seen with a team
  * on shared cores did not reappear; a nested call runs serially. */
-void parallel_for(int64_t n, int64_t grain,
-                  const std::function<void(int64_t, int64_t)> &body) {
+void parallel_for(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t)> body) {
   const int64_t parts = std::max<int64_t>(
-      1, std::min<int64_t>(mkl_get_max_threads(), n / std::max<int64_t>(grain, 1)));
+      1, std::min<int64_t>(num_threads(), n / std::max<int64_t>(grain, 1)));
   if (parts == 1 || omp_in_parallel()) return body(0, n);
   const int64_t share = (n + parts - 1) / parts;
 #pragma omp parallel num_threads(static_cast <int>(parts))

@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include <lapack.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/cpu_blas.h"
@@ -29,13 +30,22 @@ int threads() noexcept {
 void set_threads(int n) noexcept {
   openblas_set_num_threads(n);
 }
+const char *threads_env() noexcept {
+  return "OPENBLAS_NUM_THREADS";
+}
 
-/* Threads of our own: OpenBLAS 0.3.21 cannot run a caller's work on its
- * pool (its thread callback came in 0.3.27), and its idle threads yield
- * rather than spin on the cores. */
-void parallel_for(int64_t n, int64_t grain,
-                  const std::function<void(int64_t, int64_t)> &body) {
-  parallel_for_threads(n, grain, body);
+/* The library's pool (src/cpu/parallel_cpu.cpp): OpenBLAS 0.3.21 cannot
+ * run a caller's work on its own threads (its thread callback came in
+ * 0.3.27), and its idle threads yield rather than spin on the cores. */
+void parallel_for(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t)> body) {
+  const int64_t parts = std::max<int64_t>(
+      1, std::min<int64_t>(num_threads(), n / std::max<int64_t>(grain, 1)));
+  if (parts == 1) return body(0, n);
+  const int64_t share = (n + parts - 1) / parts;
+  run_parts(static_cast<int>(parts), [&](int p) {
+    const int64_t begin = p * share, end = std::min(n, begin + share);
+    if (begin < end) body(begin, end);
+  });
 }
 
 bool has_bf16_gemm() noexcept {

@@ -21,9 +21,6 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
-#include <mutex>
-#include <system_error>
-#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -33,47 +30,6 @@
 
 namespace osft {
 namespace {
-
-/* ----------------------------------------------------------- BLAS threads */
-
-/* Process-wide: the first concurrent QR call sets the BLAS to one thread,
- * the last one restores what was configured. */
-struct BlasThreads {
-  std::mutex mutex;
-  int users = 0;
-  int saved = 1;
-};
-
-BlasThreads &blas_threads() {
-  static BlasThreads *state = new BlasThreads(); /* never destroyed */
-  return *state;
-}
-
-class SingleThreadedBlas {
- public:
-  SingleThreadedBlas() {
-    BlasThreads &s = blas_threads();
-    std::lock_guard<std::mutex> lock(s.mutex);
-    if (s.users++ == 0) {
-      s.saved = blas::threads();
-      blas::set_threads(1);
-    }
-  }
-  ~SingleThreadedBlas() {
-    BlasThreads &s = blas_threads();
-    std::lock_guard<std::mutex> lock(s.mutex);
-    if (--s.users == 0) blas::set_threads(s.saved);
-  }
-  SingleThreadedBlas(const SingleThreadedBlas &) = delete;
-  SingleThreadedBlas &operator=(const SingleThreadedBlas &) = delete;
-};
-
-/* The BLAS's configured thread count, even while a QR call holds it at 1. */
-int configured_blas_threads() {
-  BlasThreads &s = blas_threads();
-  std::lock_guard<std::mutex> lock(s.mutex);
-  return std::max(1, s.users > 0 ? s.saved : blas::threads());
-}
 
 /* ------------------------------------------------------- typed LAPACK/BLAS */
 
@@ -496,7 +452,7 @@ void run_one(const QrCall &call, size_t p, char *lane_scratch, uint32_t *flags) 
 /* -------------------------------------------------------------- the table */
 
 int cpu_default_concurrency(Context &) {
-  return configured_blas_threads();
+  return blas::num_threads();
 }
 
 bool cpu_batched(Context &, const QrJob &, const QrCall &) {
@@ -512,12 +468,11 @@ size_t cpu_shared_bytes(Context &, const QrCall &) {
   return 0;
 }
 
-/* Threads take the jobs, biggest first, as they become free (so a core
- * that the OS gives to someone else delays nobody), each with its lane's
- * scratch, which fits any job. Up to kMaxThreads threads, the calling one
- * included; a thread that cannot be started leaves its share to the rest. */
-constexpr int kMaxThreads = 64;
-
+/* Lanes take the jobs, biggest first, as they become free (so a core that
+ * the OS gives to someone else delays nobody), each with its lane's
+ * scratch, which fits any job: the lanes are parts of one job of the
+ * library's thread pool (src/core/cpu_blas.h run_parts), the calling
+ * thread taking some; where the pool is taken, this thread runs them all. */
 void cpu_run(Context &ctx, const QrCall &call, void *scratch, uint32_t *flags) {
   char *base = static_cast<char *>(scratch);
   HostArray<size_t> order(ctx, call.count);
@@ -530,30 +485,20 @@ void cpu_run(Context &ctx, const QrCall &call, void *scratch, uint32_t *flags) {
     for (size_t i = 0; i < call.count; ++i) run_one(call, order[i], base, flags);
     return;
   }
-  SingleThreadedBlas single;
-  const int nthreads = std::min(call.lanes, kMaxThreads);
+  const int lanes = std::min(call.lanes, blas::kMaxThreads);
   std::atomic<size_t> next{0};
-  std::thread threads[kMaxThreads];
-  std::exception_ptr errors[kMaxThreads];
-  auto worker = [&](int t) {
+  std::atomic<bool> failed{false};
+  std::exception_ptr error; /* the first lane's that failed */
+  blas::run_parts(lanes, [&](int t) {
+    blas::SerialBlas single; /* the lanes are the threads */
     try {
       for (size_t i; (i = next.fetch_add(1)) < call.count;)
         run_one(call, order[i], base + call.lane_offset[t], flags);
     } catch (...) {
-      errors[t] = std::current_exception();
+      if (!failed.exchange(true)) error = std::current_exception();
     }
-  };
-  for (int t = 1; t < nthreads; ++t) {
-    try {
-      threads[t] = std::thread(worker, t);
-    } catch (const std::system_error &) {
-    }
-  }
-  worker(0);
-  for (int t = 1; t < nthreads; ++t)
-    if (threads[t].joinable()) threads[t].join();
-  for (int t = 0; t < nthreads; ++t)
-    if (errors[t]) std::rethrow_exception(errors[t]);
+  });
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace

@@ -160,6 +160,13 @@ OSFT_CPP_TEST(option_errors) {
                        "NCCL");
   }
   OSFT_CHECK(osftrt::device_count(OSFT_DEVICE_CPU) == 1);
+  const int threads = osftrt::num_threads();  // the process-wide CPU count
+  OSFT_CHECK(threads >= 1);
+  OSFT_EXPECT_THROWS(osftrt::set_num_threads(-1), OSFT_STATUS_INVALID_ARGUMENT, "n: -1");
+  osftrt::set_num_threads(threads + 1);
+  OSFT_CHECK(osftrt::num_threads() == threads + 1);
+  osftrt::set_num_threads(0);  // back to the automatic count
+  OSFT_CHECK(osftrt::num_threads() == threads);
   osftrt::check_version();  // the headers and the library of this build agree
 }
 
