@@ -1226,7 +1226,7 @@ OSFTPY_HANDLE(osft_mlp_t, OSFTPY_MLP, osft_mlp_destroy)
 }
 
 /* Out-parameters become return values. */
-%apply int *OUTPUT { int *count, int *device_id, int *rank, int *size };
+%apply int *OUTPUT { int *count, int *device_id, int *rank, int *size, int *n };
 %apply long long *OUTPUT { int64_t *out_features, int64_t *in_features, int64_t *frozen_rank, int64_t *trainable_rank,
                           int64_t *num_tiles, int64_t *tile_tokens };
 %apply unsigned long long *OUTPUT { size_t *bytes };

@@ -277,6 +277,25 @@ func TestVersion(t *testing.T) {
 	if _, err := osftrt.DeviceCount(osftrt.DeviceType(77)); !errors.Is(err, osftrt.ErrInvalidArgument) {
 		t.Fatalf("DeviceCount(77): %v", err)
 	}
+	threads, err := osftrt.NumThreads()
+	if err != nil || threads < 1 {
+		t.Fatalf("NumThreads() = %d, %v", threads, err)
+	}
+	if err := osftrt.SetNumThreads(-1); !errors.Is(err, osftrt.ErrInvalidArgument) {
+		t.Fatalf("SetNumThreads(-1): %v", err)
+	}
+	if err := osftrt.SetNumThreads(threads + 1); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := osftrt.NumThreads(); n != threads+1 {
+		t.Fatalf("NumThreads() = %d after SetNumThreads(%d)", n, threads+1)
+	}
+	if err := osftrt.SetNumThreads(0); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := osftrt.NumThreads(); n != threads {
+		t.Fatalf("NumThreads() = %d after SetNumThreads(0), %d before", n, threads)
+	}
 	o := osftrt.DefaultFLCEOptions()
 	if o.IgnoreIndex != -100 || o.Reduction != osftrt.ReduceMean {
 		t.Fatalf("FLCE defaults %+v", o)

@@ -43,6 +43,29 @@ func DeviceCount(t DeviceType) (int, error) {
 	return int(int32(n)), err
 }
 
+// SetNumThreads sets the library's CPU thread count, process-wide: its
+// worker threads and its BLAS engine's (osft_set_num_threads). 0 returns to
+// the automatic count (OSFTRT_NUM_THREADS, OMP_NUM_THREADS, the engine's
+// variable, else the CPUs of the process's affinity). n < 0 or n > 1024 is
+// ErrInvalidArgument. Safe to call from any goroutine. (Library 1.4.)
+func SetNumThreads(n int) error {
+	if n < -1<<31 || n > 1<<31-1 {
+		return errArg("SetNumThreads", "n: %d does not fit a C int", n)
+	}
+	return rawCall("SetNumThreads", func() capi.Enum_SS_osft_status_e {
+		return capi.Osft_set_num_threads(n)
+	})
+}
+
+// NumThreads is the CPU thread count in effect (osft_get_num_threads).
+func NumThreads() (int, error) {
+	n := 0
+	err := rawCall("NumThreads", func() capi.Enum_SS_osft_status_e {
+		return capi.Osft_get_num_threads(&n)
+	})
+	return int(int32(n)), err
+}
+
 // ContextOptions configures NewContext. DefaultContextOptions gives the
 // library's defaults (osft_context_options_init): the CPU, device 0, no
 // workspace limit, no TF32. A caller allocator is not available from Go (the library

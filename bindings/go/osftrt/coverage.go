@@ -30,6 +30,8 @@ var CFunctions = map[string]interface{}{
 	"osft_context_get_memory_stats":   (*Context).MemoryStats,
 	"osft_memory_stats_init":          (*Context).MemoryStats, // osft_memory_stats_t's constructor
 	"osft_context_reset_peak_memory":  (*Context).ResetPeakMemory,
+	"osft_set_num_threads":            SetNumThreads,
+	"osft_get_num_threads":            NumThreads,
 	// comm.h
 	"osft_comm_options_init":        DefaultCommOptions,
 	"osft_comm_create_self":         NewSelfComm,

@@ -1145,6 +1145,7 @@ struct osft_qr_options_t
     orthogonality_threshold::Cdouble
     rank_tolerance::Cdouble
     max_concurrency::Cint
+    rank_deficient::Ptr{Cint}
 end
 
 """
@@ -1161,7 +1162,7 @@ function osft_qr_options_t(; kwargs...)
     for k in keys(kwargs)
         k in fieldnames(osft_qr_options_t) || throw(ArgumentError("osft_qr_options_t has no field $k"))
     end
-    return osft_qr_options_t(get(kwargs, :struct_size, d.struct_size), get(kwargs, :method, d.method), get(kwargs, :orthogonality_threshold, d.orthogonality_threshold), get(kwargs, :rank_tolerance, d.rank_tolerance), get(kwargs, :max_concurrency, d.max_concurrency))
+    return osft_qr_options_t(get(kwargs, :struct_size, d.struct_size), get(kwargs, :method, d.method), get(kwargs, :orthogonality_threshold, d.orthogonality_threshold), get(kwargs, :rank_tolerance, d.rank_tolerance), get(kwargs, :max_concurrency, d.max_concurrency), get(kwargs, :rank_deficient, d.rank_deficient))
 end
 
 # ---- functions: one ccall per exported symbol --------------------------------
@@ -1671,6 +1672,77 @@ C header: `include/osftrt/context.h`.
 """
 function osft_context_reset_peak_memory(ctx)
     ccall((:osft_context_reset_peak_memory, libosftrt), osft_status_t, (osft_context_t,), ctx)
+end
+
+"""
+    osft_set_num_threads(n) -> osft_status_t
+
+@brief Sets how many CPU threads the library uses, process-wide: its own
+worker threads and its BLAS engine's (OpenBLAS or oneMKL) alike.
+
+The thread model: one count per process, in this order of precedence:
+  1. the count set here (n >= 1);
+  2. the environment, read once when the count is first needed (the first
+     CPU context, or osft_get_num_threads()): OSFTRT_NUM_THREADS, then
+     OMP_NUM_THREADS (its first entry), then the engine's own variable
+     (OPENBLAS_NUM_THREADS or MKL_NUM_THREADS); values that are not
+     positive integers are ignored (a warning is logged);
+  3. the CPUs the process may run on (its sched_getaffinity set, which
+     honours taskset and cgroup cpusets), at most 1024.
+The library keeps n - 1 worker threads in one pool per process, started
+on the first call that has enough work for them (not per call: a steady
+state creates no thread), waiting on a futex when idle after a few tens
+of microseconds of spinning; the calling thread is the n-th. Work too
+small to split runs on the calling thread with no synchronization. The
+BLAS engine is given the same count (openblas_set_num_threads,
+mkl_set_num_threads) when the count is resolved and at each change, so
+the library's GEMMs use n threads too (a program that also calls
+OpenBLAS or oneMKL directly shares that setting). Several contexts used
+at once from several threads share the pool: a call that finds it busy
+runs its parallel parts on its own thread rather than waiting (the cores
+are taken anyway). After fork() the child starts a fresh pool on its
+first parallel call; the count carries over.
+
+A host that owns the process's threads should tell the library its own
+count: the Python package does so before each call with
+torch.get_num_threads() (so torch.set_num_threads(n) reaches the
+library); a C or C++ host calls this function once at start and again
+whenever its own count changes (e.g. with at::get_num_threads() in
+libtorch).
+
+@param[in] n  Threads, 1 to 1024; 0 returns to the automatic count
+              (environment, then CPUs).
+@retval OSFT_STATUS_SUCCESS  The count is set and the engine told; calls
+  that start afterwards use it (a call already running keeps its own).
+@retval OSFT_STATUS_INVALID_ARGUMENT  n is negative or above 1024
+  (nothing changes).
+@par Thread safety
+Thread-safe; may be called while other threads run library calls.
+Added in 1.4.0.
+
+C header: `include/osftrt/context.h`.
+"""
+function osft_set_num_threads(n)
+    ccall((:osft_set_num_threads, libosftrt), osft_status_t, (Cint,), n)
+end
+
+"""
+    osft_get_num_threads(n) -> osft_status_t
+
+@brief Writes the CPU thread count in effect (see osft_set_num_threads())
+to *n: the count set there, else the one from the environment or the
+CPUs (resolved now if no CPU context has resolved it yet).
+
+@param[out] n  Receives the count (>= 1).
+@retval OSFT_STATUS_SUCCESS  *n was written.
+@retval OSFT_STATUS_INVALID_ARGUMENT  n is NULL.
+@par Thread safety
+Thread-safe. Added in 1.4.0.
+
+C header: `include/osftrt/context.h`.
+"""
+function osft_get_num_threads(n)
+    ccall((:osft_get_num_threads, libosftrt), osft_status_t, (Ptr{Cint},), n)
 end
 
 """
@@ -3607,10 +3679,10 @@ const C_LAYOUTS = Dict{Symbol, Tuple{Int, Vector{Pair{Symbol, Int}}}}(
     :osft_projector_options_t => (16, [:struct_size => 0, :check_consistency => 8, :arithmetic => 12]),
     :osft_projection_target_t => (104, [:struct_size => 0, :u_high => 8, :grad_u_low => 16, :u_low => 24, :u_layout => 32, :u_shards => 40, :n_u_shards => 48, :v_high => 56, :grad_v_low => 64, :v_low => 72, :v_layout => 80, :v_shards => 88, :n_v_shards => 96]),
     :osft_projector_info_t => (96, [:struct_size => 0, :targets => 8, :reduced_elements => 16, :collectives_per_project => 24, :coefficient_bytes => 32, :gathered_bytes => 40, :setup_pending => 48, :last_gemms => 56, :last_gemm_calls => 64, :last_elementwise_calls => 72, :last_collectives => 80, :last_host_waits => 88]),
-    :osft_qr_options_t => (40, [:struct_size => 0, :method => 8, :orthogonality_threshold => 16, :rank_tolerance => 24, :max_concurrency => 32]),
+    :osft_qr_options_t => (48, [:struct_size => 0, :method => 8, :orthogonality_threshold => 16, :rank_tolerance => 24, :max_concurrency => 32, :rank_deficient => 40]),
 )
 
 # Every public function, for the completeness test.
-const FUNCTIONS = [:osft_status_string, :osft_last_error, :osft_clear_last_error, :osft_version, :osft_version_string, :osft_build_info, :osft_has_feature, :osft_set_log_callback, :osft_device_count, :osft_allocator_init, :osft_context_options_init, :osft_context_create, :osft_context_destroy, :osft_context_get_device, :osft_context_set_stream, :osft_context_get_stream, :osft_context_synchronize, :osft_context_reserve_workspace, :osft_context_release_workspace, :osft_context_get_workspace_size, :osft_memory_stats_init, :osft_context_get_memory_stats, :osft_context_reset_peak_memory, :osft_comm_options_init, :osft_comm_create_self, :osft_comm_create_mpi, :osft_comm_nccl_unique_id, :osft_comm_create_nccl, :osft_comm_create_nccl_from_id, :osft_comm_callbacks_init, :osft_comm_create_callbacks, :osft_comm_destroy, :osft_comm_get_info, :osft_comm_allreduce_sum, :osft_comm_allgather, :osft_comm_barrier, :osft_comm_stats_init, :osft_comm_get_stats, :osft_comm_reset_stats, :osft_flce_options_init, :osft_flce_create, :osft_flce_destroy, :osft_flce_get_options, :osft_flce_inputs_init, :osft_flce_outputs_init, :osft_flce_compute, :osft_flce_check_targets, :osft_flce_plan_init, :osft_flce_get_plan, :osft_flinear_options_init, :osft_flinear_create_from_weight, :osft_flinear_factors_init, :osft_flinear_create_from_factors, :osft_flinear_destroy, :osft_flinear_get_dims, :osft_flinear_get_factor, :osft_flinear_set_strategy, :osft_flinear_choose_strategy, :osft_flinear_forward, :osft_flinear_grads_init, :osft_flinear_backward, :osft_flinear_merge, :osft_flinear_redecompose, :osft_flinear_refresh, :osft_flinear_mark_updated, :osft_flinear_info_init, :osft_flinear_get_info, :osft_mlp_weights_init, :osft_mlp_options_init, :osft_mlp_create, :osft_mlp_destroy, :osft_mlp_get_tile_count, :osft_mlp_plan_init, :osft_mlp_get_plan, :osft_mlp_forward, :osft_mlp_grads_init, :osft_mlp_backward, :osft_projector_options_init, :osft_projector_create, :osft_projector_destroy, :osft_projection_target_init, :osft_projector_add_target, :osft_projector_add_layer, :osft_projector_set_grads, :osft_projector_prepare, :osft_projector_invalidate, :osft_projector_project, :osft_projector_project_params, :osft_projector_orthogonality, :osft_projector_info_init, :osft_projector_get_info, :osft_qr_options_init, :osft_qr_batch, :osft_qr_power_iteration]
+const FUNCTIONS = [:osft_status_string, :osft_last_error, :osft_clear_last_error, :osft_version, :osft_version_string, :osft_build_info, :osft_has_feature, :osft_set_log_callback, :osft_device_count, :osft_allocator_init, :osft_context_options_init, :osft_context_create, :osft_context_destroy, :osft_context_get_device, :osft_context_set_stream, :osft_context_get_stream, :osft_context_synchronize, :osft_context_reserve_workspace, :osft_context_release_workspace, :osft_context_get_workspace_size, :osft_memory_stats_init, :osft_context_get_memory_stats, :osft_context_reset_peak_memory, :osft_set_num_threads, :osft_get_num_threads, :osft_comm_options_init, :osft_comm_create_self, :osft_comm_create_mpi, :osft_comm_nccl_unique_id, :osft_comm_create_nccl, :osft_comm_create_nccl_from_id, :osft_comm_callbacks_init, :osft_comm_create_callbacks, :osft_comm_destroy, :osft_comm_get_info, :osft_comm_allreduce_sum, :osft_comm_allgather, :osft_comm_barrier, :osft_comm_stats_init, :osft_comm_get_stats, :osft_comm_reset_stats, :osft_flce_options_init, :osft_flce_create, :osft_flce_destroy, :osft_flce_get_options, :osft_flce_inputs_init, :osft_flce_outputs_init, :osft_flce_compute, :osft_flce_check_targets, :osft_flce_plan_init, :osft_flce_get_plan, :osft_flinear_options_init, :osft_flinear_create_from_weight, :osft_flinear_factors_init, :osft_flinear_create_from_factors, :osft_flinear_destroy, :osft_flinear_get_dims, :osft_flinear_get_factor, :osft_flinear_set_strategy, :osft_flinear_choose_strategy, :osft_flinear_forward, :osft_flinear_grads_init, :osft_flinear_backward, :osft_flinear_merge, :osft_flinear_redecompose, :osft_flinear_refresh, :osft_flinear_mark_updated, :osft_flinear_info_init, :osft_flinear_get_info, :osft_mlp_weights_init, :osft_mlp_options_init, :osft_mlp_create, :osft_mlp_destroy, :osft_mlp_get_tile_count, :osft_mlp_plan_init, :osft_mlp_get_plan, :osft_mlp_forward, :osft_mlp_grads_init, :osft_mlp_backward, :osft_projector_options_init, :osft_projector_create, :osft_projector_destroy, :osft_projection_target_init, :osft_projector_add_target, :osft_projector_add_layer, :osft_projector_set_grads, :osft_projector_prepare, :osft_projector_invalidate, :osft_projector_project, :osft_projector_project_params, :osft_projector_orthogonality, :osft_projector_info_init, :osft_projector_get_info, :osft_qr_options_init, :osft_qr_batch, :osft_qr_power_iteration]
 
 end # module LibOsftrt

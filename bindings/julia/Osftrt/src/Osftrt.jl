@@ -37,7 +37,7 @@ const L = LibOsftrt
 
 export Context, FLCE, FLinear, MLP, Comm, Projector, Tensor, cview, BFloat16
 export compute!, check_targets, forward!, backward!, merge_weight!, factor, project!, project_params!,
-       orthogonality, qr_batch!, OsftError
+       orthogonality, qr_batch!, OsftError, set_num_threads, num_threads
 
 # ---------------------------------------------------------------- errors
 
@@ -231,6 +231,24 @@ function memory_stats(c::Context)
     r = Ref(L.osft_memory_stats_t(Csize_t(sizeof(L.osft_memory_stats_t)), ntuple(_ -> UInt64(0), 7)...))
     check(L.osft_context_get_memory_stats(_ptr(c), r))
     return r[]
+end
+
+"""
+    set_num_threads(n)
+
+The library's CPU thread count, process-wide: its worker threads and its BLAS
+engine's (`osft_set_num_threads`). `0` returns to the automatic count
+(`OSFTRT_NUM_THREADS`, `OMP_NUM_THREADS`, the engine's variable, else the
+process's CPUs). A Julia host may pass `Threads.nthreads()` or its BLAS's
+count. Throws for `n < 0` or `n > 1024`. (Library 1.4.)
+"""
+set_num_threads(n::Integer) = (check(L.osft_set_num_threads(Cint(n))); nothing)
+
+"""`num_threads()`: the CPU thread count in effect (`osft_get_num_threads`)."""
+function num_threads()
+    r = Ref{Cint}(0)
+    check(L.osft_get_num_threads(r))
+    return Int(r[])
 end
 
 """`_enum(table, v)`: the C value of the option `v`, a `Symbol` of `table` or the C value itself."""

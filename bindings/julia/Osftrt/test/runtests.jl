@@ -56,6 +56,16 @@ end
     @test_throws ArgumentError L.osft_flce_options_t(; no_such_field = 1)
 end
 
+@testset "CPU thread count (library 1.4)" begin
+    n = Osftrt.num_threads()
+    @test n >= 1
+    Osftrt.set_num_threads(n + 1)
+    @test Osftrt.num_threads() == n + 1
+    @test_throws Osftrt.OsftError Osftrt.set_num_threads(-1)
+    Osftrt.set_num_threads(0)
+    @test Osftrt.num_threads() == n
+end
+
 @testset "Tensor strides" begin
     A = rnd(Float32, 3, 5)                # Julia 3x5, column-major
     t = Tensor(A)

@@ -501,6 +501,12 @@ extern "C" {
 extern "C" {
     pub fn osft_context_reset_peak_memory (ctx : osft_context_t) -> osft_status_t ;
 }
+extern "C" {
+    pub fn osft_set_num_threads (n : :: std :: os :: raw :: c_int) -> osft_status_t ;
+}
+extern "C" {
+    pub fn osft_get_num_threads (n : * mut :: std :: os :: raw :: c_int) -> osft_status_t ;
+}
 # [repr (C)] # [derive (Debug , Copy , Clone)] pub struct osft_comm_s {
     _unused : [u8 ;
     0] ,
@@ -2101,10 +2107,10 @@ pub const OSFT_QR_CHOLESKY_TF32 : osft_qr_method_e = 2 ;
 pub type osft_qr_method_e = :: std :: os :: raw :: c_uint ;
 pub use self :: osft_qr_method_e as osft_qr_method_t ;
 # [repr (C)] # [derive (Debug , Copy , Clone)] pub struct osft_qr_options_s {
-    pub struct_size : usize , pub method : osft_qr_method_t , pub orthogonality_threshold : f64 , pub rank_tolerance : f64 , pub max_concurrency : :: std :: os :: raw :: c_int ,
+    pub struct_size : usize , pub method : osft_qr_method_t , pub orthogonality_threshold : f64 , pub rank_tolerance : f64 , pub max_concurrency : :: std :: os :: raw :: c_int , pub rank_deficient : * mut :: std :: os :: raw :: c_int ,
 }
 # [test] fn bindgen_test_layout_osft_qr_options_s () {
-    assert_eq ! (:: std :: mem :: size_of :: < osft_qr_options_s > () , 40usize , concat ! ("Size of: " , stringify ! (osft_qr_options_s))) ;
+    assert_eq ! (:: std :: mem :: size_of :: < osft_qr_options_s > () , 48usize , concat ! ("Size of: " , stringify ! (osft_qr_options_s))) ;
     assert_eq ! (:: std :: mem :: align_of :: < osft_qr_options_s > () , 8usize , concat ! ("Alignment of " , stringify ! (osft_qr_options_s))) ;
     fn test_field_struct_size () {
         assert_eq ! (unsafe {
@@ -2146,6 +2152,14 @@ pub use self :: osft_qr_method_e as osft_qr_method_t ;
         }, 32usize , concat ! ("Offset of field: " , stringify ! (osft_qr_options_s) , "::" , stringify ! (max_concurrency))) ;
     }
     test_field_max_concurrency () ;
+    fn test_field_rank_deficient () {
+        assert_eq ! (unsafe {
+            let uninit = :: std :: mem :: MaybeUninit :: < osft_qr_options_s > :: uninit () ;
+            let ptr = uninit . as_ptr () ;
+            :: std :: ptr :: addr_of ! ((* ptr) . rank_deficient) as usize - ptr as usize
+        }, 40usize , concat ! ("Offset of field: " , stringify ! (osft_qr_options_s) , "::" , stringify ! (rank_deficient))) ;
+    }
+    test_field_rank_deficient () ;
 }
 pub type osft_qr_options_t = osft_qr_options_s ;
 extern "C" {

@@ -35,6 +35,27 @@ pub fn device_count(device_type: DeviceType) -> Result<i32> {
     Ok(n)
 }
 
+/// Sets the library's CPU thread count, process-wide: its worker threads and
+/// its BLAS engine's (`osft_set_num_threads`). `0` returns to the automatic
+/// count (`OSFTRT_NUM_THREADS`, `OMP_NUM_THREADS`, the engine's variable,
+/// else the CPUs of the process's affinity). Thread-safe. (Library 1.4.)
+///
+/// # Errors
+/// [`Status::InvalidArgument`](crate::Status::InvalidArgument) for `n < 0`
+/// or `n > 1024`.
+pub fn set_num_threads(n: i32) -> Result<()> {
+    // SAFETY: plain integer argument.
+    check(unsafe { sys::osft_set_num_threads(n) })
+}
+
+/// The CPU thread count in effect (`osft_get_num_threads`).
+pub fn num_threads() -> Result<i32> {
+    let mut n = 0;
+    // SAFETY: `n` is a valid out-pointer for the call.
+    check(unsafe { sys::osft_get_num_threads(&mut n) })?;
+    Ok(n)
+}
+
 /// Host memory callbacks for a context: every host byte the library
 /// allocates for the context comes from here (e.g. a framework's caching
 /// allocator). Called from the thread that uses the context.

@@ -112,7 +112,10 @@ mod version;
 pub use comm::{
     Comm, CommBuf, CommCallbacks, CommInfo, CommOptions, CommSlice, CommStats, Engine, NcclUniqueId,
 };
-pub use context::{device_count, Context, ContextOptions, DeviceType, HostAllocator, MemoryStats};
+pub use context::{
+    device_count, num_threads, set_num_threads, Context, ContextOptions, DeviceType, HostAllocator,
+    MemoryStats,
+};
 pub use error::{clear_last_error, last_error_message, Error, Result, Status};
 pub use flce::{
     Accumulator, Chunking, Flce, FlceInputs, FlceOptions, FlceOutputs, FlcePlan, Reduction,

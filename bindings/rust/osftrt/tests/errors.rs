@@ -238,6 +238,24 @@ fn version_and_build_info() {
 }
 
 #[test]
+fn thread_count() {
+    // The count is process-wide and the other tests run beside this one:
+    // set it to what it is (explicit from now on), never to another value.
+    let n = num_threads().unwrap();
+    assert!(n >= 1);
+    set_num_threads(n).unwrap();
+    assert_eq!(num_threads().unwrap(), n);
+    let e = set_num_threads(-1).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("n: -1"), "{}", e.message());
+    assert_eq!(
+        set_num_threads(1025).unwrap_err().status(),
+        Status::InvalidArgument
+    );
+    assert_eq!(num_threads().unwrap(), n);
+}
+
+#[test]
 fn raw_tensors_have_no_slice_view_and_device_memory_is_refused() {
     let x = [1.0f32; 4];
     // SAFETY: the pointer and shape describe `x`, which outlives the tensor.

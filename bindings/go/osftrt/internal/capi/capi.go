@@ -437,6 +437,8 @@ extern void _wrap_delete_osft_memory_stats_t_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_memory_stats_init_capi_osftrt(uintptr_t arg1, swig_type_49 arg2);
 extern swig_intgo _wrap_osft_context_get_memory_stats_capi_osftrt(uintptr_t arg1, uintptr_t arg2);
 extern swig_intgo _wrap_osft_context_reset_peak_memory_capi_osftrt(uintptr_t arg1);
+extern swig_intgo _wrap_osft_set_num_threads_capi_osftrt(swig_intgo arg1);
+extern swig_intgo _wrap_osft_get_num_threads_capi_osftrt(swig_voidp arg1);
 extern swig_intgo _wrap_OSFT_COMM_ENGINE_SELF_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_COMM_ENGINE_MPI_capi_osftrt(void);
 extern swig_intgo _wrap_OSFT_COMM_ENGINE_NCCL_capi_osftrt(void);
@@ -904,6 +906,8 @@ extern void _wrap_osft_qr_options_t_rank_tolerance_set_capi_osftrt(uintptr_t arg
 extern double _wrap_osft_qr_options_t_rank_tolerance_get_capi_osftrt(uintptr_t arg1);
 extern void _wrap_osft_qr_options_t_max_concurrency_set_capi_osftrt(uintptr_t arg1, swig_intgo arg2);
 extern swig_intgo _wrap_osft_qr_options_t_max_concurrency_get_capi_osftrt(uintptr_t arg1);
+extern void _wrap_osft_qr_options_t_rank_deficient_set_capi_osftrt(uintptr_t arg1, swig_voidp arg2);
+extern swig_voidp _wrap_osft_qr_options_t_rank_deficient_get_capi_osftrt(uintptr_t arg1);
 extern uintptr_t _wrap_new_osft_qr_options_t_capi_osftrt(void);
 extern void _wrap_delete_osft_qr_options_t_capi_osftrt(uintptr_t arg1);
 extern swig_intgo _wrap_osft_qr_options_init_capi_osftrt(uintptr_t arg1, swig_type_205 arg2);
@@ -2578,6 +2582,20 @@ func Osft_context_reset_peak_memory(arg1 uintptr) (_swig_ret Enum_SS_osft_status
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := arg1
 	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_context_reset_peak_memory_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
+func Osft_set_num_threads(arg1 int) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := arg1
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_set_num_threads_capi_osftrt(C.swig_intgo(_swig_i_0)))
+	return swig_r
+}
+
+func Osft_get_num_threads(arg1 *int) (_swig_ret Enum_SS_osft_status_e) {
+	var swig_r Enum_SS_osft_status_e
+	_swig_i_0 := arg1
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osft_get_num_threads_capi_osftrt(C.swig_voidp(_swig_i_0)))
 	return swig_r
 }
 
@@ -6415,6 +6433,19 @@ func (arg1 SwigcptrOsft_qr_options_t) GetMax_concurrency() (_swig_ret int) {
 	return swig_r
 }
 
+func (arg1 SwigcptrOsft_qr_options_t) SetRank_deficient(arg2 *int) {
+	_swig_i_0 := arg1
+	_swig_i_1 := arg2
+	C._wrap_osft_qr_options_t_rank_deficient_set_capi_osftrt(C.uintptr_t(_swig_i_0), C.swig_voidp(_swig_i_1))
+}
+
+func (arg1 SwigcptrOsft_qr_options_t) GetRank_deficient() (_swig_ret *int) {
+	var swig_r *int
+	_swig_i_0 := arg1
+	swig_r = (*int)(C._wrap_osft_qr_options_t_rank_deficient_get_capi_osftrt(C.uintptr_t(_swig_i_0)))
+	return swig_r
+}
+
 func NewOsft_qr_options_t() (_swig_ret Osft_qr_options_t) {
 	var swig_r Osft_qr_options_t
 	swig_r = (Osft_qr_options_t)(SwigcptrOsft_qr_options_t(C._wrap_new_osft_qr_options_t_capi_osftrt()))
@@ -6439,6 +6470,8 @@ type Osft_qr_options_t interface {
 	GetRank_tolerance() (_swig_ret float64)
 	SetMax_concurrency(arg2 int)
 	GetMax_concurrency() (_swig_ret int)
+	SetRank_deficient(arg2 *int)
+	GetRank_deficient() (_swig_ret *int)
 }
 
 func Osft_qr_options_init(arg1 Osft_qr_options_t, arg2 int64) (_swig_ret Enum_SS_osft_status_e) {

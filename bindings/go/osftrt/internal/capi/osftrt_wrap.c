@@ -3318,6 +3318,32 @@ intgo _wrap_osft_context_reset_peak_memory_capi_osftrt(osft_context_t _swig_go_0
 }
 
 
+intgo _wrap_osft_set_num_threads_capi_osftrt(intgo _swig_go_0) {
+  int arg1 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = (int)_swig_go_0; 
+  
+  result = (osft_status_t)osft_set_num_threads(arg1);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
+intgo _wrap_osft_get_num_threads_capi_osftrt(intgo *_swig_go_0) {
+  int *arg1 = (int *) 0 ;
+  osft_status_t result;
+  intgo _swig_go_result;
+  
+  arg1 = *(int **)&_swig_go_0; 
+  
+  result = (osft_status_t)osft_get_num_threads(arg1);
+  _swig_go_result = (intgo)result; 
+  return _swig_go_result;
+}
+
+
 intgo _wrap_OSFT_COMM_ENGINE_SELF_capi_osftrt() {
   enum osft_comm_engine_e result;
   intgo _swig_go_result;
@@ -9291,6 +9317,31 @@ intgo _wrap_osft_qr_options_t_max_concurrency_get_capi_osftrt(struct osft_qr_opt
   
   result = (int) ((arg1)->max_concurrency);
   _swig_go_result = result; 
+  return _swig_go_result;
+}
+
+
+void _wrap_osft_qr_options_t_rank_deficient_set_capi_osftrt(struct osft_qr_options_s *_swig_go_0, intgo *_swig_go_1) {
+  struct osft_qr_options_s *arg1 = (struct osft_qr_options_s *) 0 ;
+  int *arg2 = (int *) 0 ;
+  
+  arg1 = *(struct osft_qr_options_s **)&_swig_go_0; 
+  arg2 = *(int **)&_swig_go_1; 
+  
+  if (arg1) (arg1)->rank_deficient = arg2;
+  
+}
+
+
+intgo *_wrap_osft_qr_options_t_rank_deficient_get_capi_osftrt(struct osft_qr_options_s *_swig_go_0) {
+  struct osft_qr_options_s *arg1 = (struct osft_qr_options_s *) 0 ;
+  int *result = 0 ;
+  intgo *_swig_go_result;
+  
+  arg1 = *(struct osft_qr_options_s **)&_swig_go_0; 
+  
+  result = (int *) ((arg1)->rank_deficient);
+  *(int **)&_swig_go_result = (int *)result; 
   return _swig_go_result;
 }
 
