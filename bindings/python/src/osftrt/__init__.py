@@ -24,6 +24,8 @@ _openblas.choose_omp_spin()  # before PyTorch loads its OpenMP, where it has not
 # CUDA request, and osftrt.capi preloads PyTorch's copies of the libraries
 # the module needs just before that (osftrt/_cudalibs.py).
 from . import capi  # noqa: E402
+from . import _threads  # noqa: E402
+from ._threads import get_num_threads, set_num_threads  # noqa: E402,F401  (re-exported)
 from ._errors import (  # noqa: F401  (re-exported)
     Error,
     InvalidArgument,
@@ -59,6 +61,8 @@ __all__ = [
     "version",
     "build_info",
     "default_context",
+    "set_num_threads",
+    "get_num_threads",
 ]
 
 # --- the runtime library must match the one this module was built with ----
@@ -271,6 +275,7 @@ def default_context(device="cpu") -> Context:
 
 
 def _handle(ctx):
+    _threads.follow_host()  # every call that takes a context: torch's thread count
     if ctx is None:
         return default_context().handle
     return ctx.handle if isinstance(ctx, Context) else ctx

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from .. import default_context
+from .. import _threads, default_context
 
 
 def context_for(tensor, context):
     """The caller's context, else this thread's default for the tensor's
-    device (on CUDA following torch's current stream)."""
+    device (on CUDA following torch's current stream). The library's CPU
+    thread count follows torch.get_num_threads() (osftrt/_threads.py)."""
+    _threads.follow_host()
     if context is not None:
         return context
     ctx = default_context(tensor.device)
@@ -23,7 +25,9 @@ def follow_torch_stream(tensor, context):
     """Before each library call on CUDA: a default context runs on torch's
     current stream, which may differ from the one it had when the handle was
     made (``with torch.cuda.stream(s):``). A caller's own context keeps the
-    stream it was given."""
+    stream it was given. On every device: the library's CPU thread count
+    follows torch.get_num_threads() (a changed count is passed on)."""
+    _threads.follow_host()
     if context is None and tensor.is_cuda:
         context_for(tensor, None)
 
