@@ -117,3 +117,14 @@ def test_axolotl_refuses_a_conflicting_run(folder):
 def test_registered_under_axolotls_entry_point():
     points = importlib.metadata.entry_points(group="axolotl.plugins")
     assert any(p.value == "osftrt.integrations.axolotl:OsftrtPlugin" for p in points)
+
+
+def test_fsdp2_on_two_gloo_ranks_runs_osft(tmp_path):
+    """The plugin's FSDP2 path through its hooks on 2 gloo processes, rank 1
+    on the meta device as cpu_ram_efficient_loading leaves it
+    (axolotl_fsdp2_worker.py): the single process's losses, orthogonality."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from conftest import run_ranks
+
+    outs = run_ranks(os.path.join("integrations", "axolotl_fsdp2_worker.py"), 2, tmp_path)
+    assert all("orthogonality" in o for o in outs)
