@@ -13,8 +13,9 @@
  * float64 reference with every option, with slices whose grad_W rows
  * would overwrite their own logits (M close to H), a ragged last slice,
  * one slice, one token; and the default plan itself at a shape where it
- * keeps the logits, against the reference. CPU only: CUDA keeps the 1.3.0
- * default (test_flce_memory). */
+ * keeps the logits, against the reference. Built for CUDA too
+ * (OSFT_TEST_CUDA, skipped without a GPU), where only the default plan's
+ * test runs: CUDA keeps the 1.3.0 default (its budget: test_flce_memory). */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -29,6 +30,22 @@
 
 #define MIB ((size_t)1 << 20)
 
+/* The debug line of the last plan ("flce: M = ..."), caught while planning. */
+static char plan_line[512];
+
+static void plan_sink(void *user, osft_log_level_t level, const char *message) {
+  (void)user;
+  (void)level;
+  if (strncmp(message, "flce: M = ", 10) == 0)
+    snprintf(plan_line, sizeof plan_line, "%s", message);
+}
+
+/* Whether the last plan keeps its logits in grad_weight. */
+static int plan_keeps(void) {
+  return strstr(plan_line, "logits kept in grad_weight") != NULL;
+}
+
+#ifndef OSFT_TEST_CUDA /* the plan tests take host tensors; CUDA: the last test */
 /* ---- plans on tensors whose data is never read (get_plan reads none) */
 
 typedef struct {
@@ -75,21 +92,6 @@ static void shape_call_make(shape_call *s, int64_t m, int64_t h, int64_t v) {
 
 static void shape_call_free(shape_call *s) {
   for (int i = 0; i < 5; ++i) free(s->bufs[i]);
-}
-
-/* The debug line of the last plan ("flce: M = ..."), caught while planning. */
-static char plan_line[512];
-
-static void plan_sink(void *user, osft_log_level_t level, const char *message) {
-  (void)user;
-  (void)level;
-  if (strncmp(message, "flce: M = ", 10) == 0)
-    snprintf(plan_line, sizeof plan_line, "%s", message);
-}
-
-/* Whether the last plan keeps its logits in grad_weight. */
-static int plan_keeps(void) {
-  return strstr(plan_line, "logits kept in grad_weight") != NULL;
 }
 
 /* The plan of loss + grad_x + grad_W (accumulate: the accumulate bits) at
@@ -340,18 +342,32 @@ static void test_kept_then_chunks(void **state) {
     }
 }
 
-/* The default plan itself (no budget, no plan options) at a shape where it
- * keeps the logits: the whole block (64 x 40000 x 4 bytes) is above 8
- * MiB, the logits fit in grad_weight (64 <= 96). */
+#endif
+
+/* The default plan itself (no budget, no plan options) at a shape where the
+ * CPU's keeps the logits: the whole block (64 x 40000 x 4 bytes) is above
+ * 8 MiB, the logits fit in grad_weight (64 <= 96); against the reference.
+ * CUDA keeps the 1.3.0 default (room for 512 token rows: one chunk here). */
 static void test_default_matches_reference(void **state) {
   flce_case c = base_case(64, 96, 40000, TT_F32);
   c.chunking = OSFT_FLCE_CHUNKING_AUTO;
   c.slice_cols = 0;
   c.want = WANT_LOSS | WANT_DX | WANT_DW | WANT_DB;
   c.bias = 1;
-  run_kept(CTX, &c);
+  plan_line[0] = '\0';
+  assert_ok(osft_set_log_callback(plan_sink, NULL, OSFT_LOG_DEBUG));
+  run_case(CTX, &c);
+  assert_ok(osft_set_log_callback(NULL, NULL, OSFT_LOG_OFF));
+  assert_non_null(strstr(plan_line, "flce: M = 64"));
+#ifdef OSFT_TEST_CUDA
+  assert_false(plan_keeps());
+  assert_non_null(strstr(plan_line, "1 chunk(s) of 64 rows,"));
+#else
+  assert_true(plan_keeps());
+#endif
 }
 
+#ifndef OSFT_TEST_CUDA
 /* A tt_refused_call (test_tensors.h) of one first compute. */
 static void refused_compute(void *user, osft_context_t ctx, test_alloc_state *a,
                             int device, long granted) {
@@ -369,7 +385,16 @@ static void test_in_place_refusals(void **state) {
   tt_refusal_sweep(refused_compute, &c);
 }
 
+#endif
+
 int main(void) {
+  if (!tt_device_present()) return OSFT_TEST_SKIP;
+#ifdef OSFT_TEST_CUDA
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_default_matches_reference, tt_setup,
+                                      tt_teardown),
+  };
+#else
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_default_plans_of_models, tt_setup,
                                       tt_teardown),
@@ -380,5 +405,6 @@ int main(void) {
                                       tt_teardown),
       cmocka_unit_test(test_in_place_refusals),
   };
+#endif
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
