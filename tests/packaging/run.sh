@@ -13,7 +13,10 @@
 #   3. every installed header compiles on its own, as C11 (and C++ when a
 #      C++ compiler is given), with warnings as errors, with no CUDA header
 #      reachable (CPATH etc. cleared; the -H include trace is checked); the
-#      C++ header osftrt.hpp compiles on its own as C++17 and C++20;
+#      C++ header osftrt.hpp compiles on its own as C++17 and C++20; the
+#      libtorch glue osftrt/torch.hpp is installed like it and, where
+#      libtorch's headers are given (--torch-include), compiles on its own
+#      against them as C++17;
 #   4. pkg-config (PKG_CONFIG_PATH=<libdir>/pkgconfig) reports the version
 #      and a prefix equal to the install prefix; consumer.c is compiled with
 #      `$CC $(pkg-config --cflags --libs osftrt)` and run with
@@ -31,12 +34,15 @@
 # Usage: run.sh --build-dir DIR --source-dir DIR --work-dir DIR --cc CC
 #               [--cxx CXX] [--cmake CMAKE] [--generator GEN]
 #               [--sanitize ON|OFF] [--version X.Y.Z]
+#               [--torch-include DIR:DIR...] [--torch-flags FLAGS]
 #   --sanitize ON: the library was built with -fsanitize=address,undefined,
 #   so the consumers are too (the ASan runtime must be loaded first).
+#   --torch-include: libtorch's include folders (TORCH_INCLUDE_DIRS, ':'
+#   between them), --torch-flags its TORCH_CXX_FLAGS: torch.hpp is compiled.
 set -euo pipefail
 
 build_dir='' source_dir='' work_dir='' cc='' cxx='' cmake=cmake generator='' sanitize=OFF
-version=
+version= torch_include= torch_flags=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --build-dir) build_dir=$2; shift 2 ;;
@@ -48,6 +54,8 @@ while [[ $# -gt 0 ]]; do
     --generator) generator=$2; shift 2 ;;
     --sanitize) sanitize=$2; shift 2 ;;
     --version) version=$2; shift 2 ;;
+    --torch-include) torch_include=$2; shift 2 ;;
+    --torch-flags) torch_flags=$2; shift 2 ;;
     *) echo "run.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -151,7 +159,22 @@ if [[ -n "$cxx" ]]; then
       die "include/osftrt/osftrt.hpp does not compile on its own as $std"
   done
 fi
-echo "ok: ${#headers[@]} headers, C11${cxx:+ and C++11, osftrt.hpp as C++17/C++20}, no CUDA header included"
+[[ " ${headers[*]} " == *" torch.hpp "* ]] || die "include/osftrt/torch.hpp is not installed"
+torch_ok=""
+if [[ -n "$cxx" && -n "$torch_include" ]]; then
+  torch_dirs=()
+  IFS=: read -r -a torch_split <<<"$torch_include"
+  for d in "${torch_split[@]}"; do # the compiler's own folders stay where they are
+    [[ -n $d && $d != /usr/include && $d != /usr/local/include ]] && torch_dirs+=(-isystem "$d")
+  done
+  read -r -a torch_defs <<<"$torch_flags"
+  printf '#include <osftrt/torch.hpp>\n#include <osftrt/torch.hpp>\n' >"$hdr_dir/torch.cpp"
+  "$cxx" -std=c++17 -Wall -Wextra -Wshadow -Werror -fsyntax-only "${torch_defs[@]}" \
+    -I"$prefix/include" "${torch_dirs[@]}" "$hdr_dir/torch.cpp" ||
+    die "include/osftrt/torch.hpp does not compile on its own against libtorch"
+  torch_ok=", torch.hpp against libtorch"
+fi
+echo "ok: ${#headers[@]} headers, C11${cxx:+ and C++11, osftrt.hpp as C++17/C++20}${torch_ok}, no CUDA header included"
 
 # ---------------------------------------------------------------- 4. pkg-config
 step "pkg-config consumer"
