@@ -66,8 +66,32 @@ def test_same_trajectory_from_its_factors():
     assert max(abs(a - b) / abs(a) for a, b in zip(ref, ours)) <= 1e-5, (ref, ours)
     assert ours[-1] < ours[0]
     assert not mt.mini_trainer_layers(model) and len(model.osftrt_layers) == 14
+    assert model.model.layers[0].mlp._osftrt_plan is not None  # tiled MLPs, fused loss (defaults)
     u, v = model.osftrt_projector.orthogonality()
     assert u <= 1e-5 and v <= 1e-5
+
+
+def test_per_token_losses_as_its_training_loop_sums_them(monkeypatch):
+    """mini_trainer's setup_model patches transformers' fixed_cross_entropy
+    to reduction "none" and its loop sums output.loss: the fused loss gives
+    the same per-token losses."""
+    from mini_trainer.none_reduction_losses import hf_fixed_cross_entropy_none_reduction
+    from transformers.loss import loss_utils
+
+    monkeypatch.setattr(loss_utils, "fixed_cross_entropy", hf_fixed_cross_entropy_none_reduction)
+    ref, ours = mini_trainer_model(), mini_trainer_model()
+    mt.use_osftrt(ours)
+    labels = IDS.clone()
+    labels[:, :5] = -100
+    a = ref(input_ids=IDS, labels=labels).loss
+    b = ours(input_ids=IDS, labels=labels).loss
+    assert a.shape == b.shape and a.dim() == 1
+    assert (a - b).abs().max() <= 1e-5 * a.abs().max()
+    a.float().sum().backward()
+    b.float().sum().backward()
+    for (qn, m) in mt.mini_trainer_layers(ref).items():
+        want, got = m.osft_params.U_low.grad, ours.get_submodule(qn).u_low.grad
+        assert (want - got).abs().max() <= 1e-4 * want.abs().max(), qn
 
 
 def test_floor_rounding_gives_its_splits():

@@ -107,7 +107,8 @@ def _osft_linear(u_high, s_high, v_high, u_low, s_low, v_low, bias, dtype=None, 
     return OSFTLinear(u, s, vt, int(s_high.shape[0]), b, strategy=strategy).to(u_low.device)
 
 
-def use_osftrt(model, *, projector=True, attach=True, optimizer=None, dtype=None, strategy="auto"):
+def use_osftrt(model, *, projector=True, attach=True, optimizer=None, dtype=None, strategy="auto",
+               fused_cross_entropy=True, tiled_mlp=True, mlp_memory_budget=None, cross_entropy_options=None):
     """Makes mini_trainer's OSFT `model` run on osftrt, in place: every
     mini_trainer layer becomes an OSFTLinear over its own factors (same
     values, same frozen subspace, same outputs up to fp32 rounding). Call it
@@ -115,6 +116,14 @@ def use_osftrt(model, *, projector=True, attach=True, optimizer=None, dtype=None
     parameters). projector: attach an OSFTProjector (False under FSDP2,
     where osftrt.torch.distributed.shard_aware_projector takes its place
     after sharding); attach/optimizer as for OSFTProjector.attach.
+    fused_cross_entropy: with labels, the loss through osftrt's fused linear
+    cross-entropy (no logits), with mini_trainer's semantics: per-token
+    losses (reduction "none", what its patched
+    ``transformers.loss.loss_utils.fixed_cross_entropy`` returns and its
+    training loop sums) where that patch is in place, else Hugging Face's
+    mean; tiled_mlp: every MLP of the model's family over tiles of tokens
+    (mlp_memory_budget as in apply_osftrt). Supported families as
+    apply_osftrt's (llama, mistral, qwen2, qwen3, gemma2, olmo2).
     Returns {qualified name: OSFTLinear}; model.osftrt_projector is the
     projector (or None)."""
     layers = mini_trainer_layers(model)
@@ -136,9 +145,79 @@ def use_osftrt(model, *, projector=True, attach=True, optimizer=None, dtype=None
             proj.attach(optimizer)
     model.osftrt_projector = proj
     model.osftrt_layers = done
+    if tiled_mlp or fused_cross_entropy:
+        from ..transformers import family_of
+        from ..transformers._patch import patch_mlps
+
+        family = family_of(model)
+        if tiled_mlp:
+            patch_mlps(model, family, model.config, memory_budget=mlp_memory_budget)
+        if fused_cross_entropy:
+            model.__class__ = _fused_class(type(model))
+            model._osftrt_flce_options = dict(cross_entropy_options or {})
     if hasattr(model, "prepare_state_dict_for_save"):
         model.prepare_state_dict_for_save = types.MethodType(_prepare_state_dict_for_save, model)
     return done
+
+
+_FUSED = {}
+
+
+def _none_reduction_patched():
+    """mini_trainer's setup_model patches transformers' fixed_cross_entropy
+    to its per-token (reduction "none") version; its training loop sums."""
+    try:
+        from transformers.loss import loss_utils
+    except ImportError:  # pragma: no cover
+        return False
+    return getattr(loss_utils.fixed_cross_entropy, "__name__", "") == "hf_fixed_cross_entropy_none_reduction"
+
+
+def _fused_class(base):
+    """A subclass of mini_trainer's OSFT model class whose forward computes
+    the loss with the fused linear cross-entropy when labels are given."""
+    if base in _FUSED.values():
+        return base
+    if base in _FUSED:
+        return _FUSED[base]
+
+    import torch.nn.functional as F
+
+    from ..torch import fused_linear_cross_entropy
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+        if labels is None:
+            return base.forward(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                                logits_to_keep=logits_to_keep, **kwargs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
+        hidden = out[0]
+        target = F.pad(labels, (0, 1), value=-100)[..., 1:].reshape(-1).to(hidden.device)
+        x = hidden.reshape(-1, hidden.shape[-1])
+        softcap = getattr(self.config, "final_logit_softcapping", None) or 0.0
+        opts = getattr(self, "_osftrt_flce_options", {})
+        if _none_reduction_patched():
+            loss = fused_linear_cross_entropy(x, self.lm_head.weight, target, getattr(self.lm_head, "bias", None),
+                                              softcap=softcap, reduction="none", **opts)
+        elif num_items_in_batch is not None:
+            loss = fused_linear_cross_entropy(x, self.lm_head.weight, target, getattr(self.lm_head, "bias", None),
+                                              softcap=softcap, reduction="sum", **opts) / num_items_in_batch
+        else:
+            loss = fused_linear_cross_entropy(x, self.lm_head.weight, target, getattr(self.lm_head, "bias", None),
+                                              softcap=softcap, reduction="mean", **opts)
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=getattr(out, "past_key_values", None),
+                                      hidden_states=getattr(out, "hidden_states", None),
+                                      attentions=getattr(out, "attentions", None))
+
+    cls = type(base.__name__, (base,), {"forward": forward, "__module__": base.__module__,
+                                        "__qualname__": base.__qualname__})
+    _FUSED[base] = cls
+    return cls
 
 
 def _prepare_state_dict_for_save(self, state_dict):
