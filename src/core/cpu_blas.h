@@ -88,6 +88,16 @@ class FunctionRef<R(Args...)> {
  * after another. part must not throw. */
 void run_parts(int parts, FunctionRef<void(int)> part);
 
+/* parallel_for on run_parts: at most num_threads() parts of at least
+ * `grain` items, one part inline. */
+void parallel_for_pool(int64_t n, int64_t grain,
+                       FunctionRef<void(int64_t, int64_t)> body);
+
+/* True in a process forked (after the count was first resolved) from the
+ * one that ran the library: engines that cannot use their threads there
+ * (GNU OpenMP) run on one. */
+bool forked_child() noexcept;
+
 /* Holds the engine's GEMMs at one thread while any SerialBlas is alive (the
  * batched QR's lanes, which are threads themselves), then gives it back
  * the library's count, even if that changed meanwhile. */

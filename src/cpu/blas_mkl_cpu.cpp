@@ -5,7 +5,6 @@
  * runs on AMX tiles or AVX512-BF16 where the CPU has them and on a
  * converting path elsewhere; LAPACK (QR, SVD) is MKL's too. */
 #include <mkl.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -44,35 +43,34 @@ const char *describe() noexcept {
 int threads() noexcept {
   return mkl_get_max_threads();
 }
+/* Exactly n (oneMKL's dynamic adjustment would lower it below the count
+ * the library reports); 1 in a forked child, where GNU OpenMP cannot start
+ * a team once the parent had one (the child hangs in its first threaded
+ * GEMM). */
 void set_threads(int n) noexcept {
-  mkl_set_num_threads(n);
+  mkl_set_dynamic(0);
+  mkl_set_num_threads(forked_child() ? 1 : n);
 }
 const char *threads_env() noexcept {
   return "MKL_NUM_THREADS";
 }
 
-/* The element-wise passes run on the OpenMP team that runs MKL's GEMMs
- * (GNU OpenMP: the same libgomp pool), not beside it. With threads of our
- * own (then started per call; src/cpu/parallel_cpu.cpp's pool now, beside
- * which the team would spin just the same), MKL's team kept spinning
- * (active waiting) through each pass between two GEMMs, on the cores the
- * pass ran on: libgomp's spin was 13% of a bf16
- * tiled MLP's profile on 2 cores. Re-measured on 2 shared cores (load 2-5,
- * SwiGLU 4096 x 512 x 1792, both variants interleaved in one process): bf16
- * min 411 ms (team) vs 470 ms (own threads), median 919 vs 868; fp32 min
- * 1047 vs 1139, median 1670 vs 1598. The 2-3x loss once seen with a team
- * on shared cores did not reappear; a nested call runs serially. */
+/* The element-wise passes run on the library's pool
+ * (src/cpu/parallel_cpu.cpp), not on an OpenMP team beside oneMKL's. They
+ * used to run on GNU OpenMP teams of the library's count (measured then
+ * against threads started per call, 2 shared cores, SwiGLU 4096 x 512 x
+ * 1792: bf16 min 411 ms (team) vs 470 ms, median 919 vs 868; fp32 min
+ * 1047 vs 1139, median 1670 vs 1598: no clear winner). But oneMKL picks
+ * its own team size per GEMM, and GNU OpenMP ends the extra threads of a
+ * larger team when a smaller one follows and starts them again for the
+ * next larger one: with 3 threads on 2 cores, 3 threads created per round
+ * of calls (threads_created_per_call), none with the pool. And a forked
+ * child cannot start a GNU OpenMP team at all once its parent had one (it
+ * hangs): the pool starts afresh there. On a shared machine,
+ * OMP_WAIT_POLICY=PASSIVE keeps oneMKL's idle team from spinning beside
+ * the passes. */
 void parallel_for(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t)> body) {
-  const int64_t parts = std::max<int64_t>(
-      1, std::min<int64_t>(num_threads(), n / std::max<int64_t>(grain, 1)));
-  if (parts == 1 || omp_in_parallel()) return body(0, n);
-  const int64_t share = (n + parts - 1) / parts;
-#pragma omp parallel num_threads(static_cast <int>(parts))
-  {
-    const int64_t begin = omp_get_thread_num() * share;
-    const int64_t end = std::min(n, begin + share);
-    if (begin < end) body(begin, end);
-  }
+  parallel_for_pool(n, grain, body);
 }
 
 bool has_bf16_gemm() noexcept {

@@ -38,14 +38,7 @@ const char *threads_env() noexcept {
  * run a caller's work on its own threads (its thread callback came in
  * 0.3.27), and its idle threads yield rather than spin on the cores. */
 void parallel_for(int64_t n, int64_t grain, FunctionRef<void(int64_t, int64_t)> body) {
-  const int64_t parts = std::max<int64_t>(
-      1, std::min<int64_t>(num_threads(), n / std::max<int64_t>(grain, 1)));
-  if (parts == 1) return body(0, n);
-  const int64_t share = (n + parts - 1) / parts;
-  run_parts(static_cast<int>(parts), [&](int p) {
-    const int64_t begin = p * share, end = std::min(n, begin + share);
-    if (begin < end) body(begin, end);
-  });
+  parallel_for_pool(n, grain, body);
 }
 
 bool has_bf16_gemm() noexcept {

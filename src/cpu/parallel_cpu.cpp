@@ -18,9 +18,9 @@
  * a part that calls again) runs its parts itself.
  *
  * Fork: the child has none of the parent's workers; a pthread_atfork child
- * handler drops the pool (its memory is leaked: its mutex and words may be
- * held by threads that no longer exist) and the child starts a fresh one
- * on its first parallel call. */
+ * handler (registered when the count is first resolved) drops the pool (its memory is
+ * leaked: its mutex and words may be held by threads that no longer exist) and the child
+ * starts a fresh one on its first parallel call. */
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
@@ -138,7 +138,8 @@ EngineState *engine_state() {
 }
 
 std::atomic<int> g_explicit{0}; /* 0: none */
-std::atomic<int> g_count{0};    /* in effect; 0: not resolved (yet, or since a fork) */
+std::atomic<bool> g_forked{false};
+std::atomic<int> g_count{0}; /* in effect; 0: not resolved (yet, or since a fork) */
 
 /* Resolves the count and tells the engine; with the engine state locked. */
 int resolve_locked(const EngineState &s) {
@@ -149,7 +150,11 @@ int resolve_locked(const EngineState &s) {
   return n;
 }
 
+void on_fork_child() noexcept;
+
 int resolve_slow() {
+  static std::once_flag atfork;
+  std::call_once(atfork, [] { pthread_atfork(nullptr, nullptr, on_fork_child); });
   EngineState *s = engine_state();
   std::lock_guard<std::mutex> lock(s->mutex);
   const int n = g_count.load(std::memory_order_acquire);
@@ -229,6 +234,7 @@ void on_fork_child() noexcept {
   /* Only this thread exists now. The old pool's words and the engine
    * state's mutex may be held by threads that are gone: leak both. */
   g_pool.store(nullptr, std::memory_order_relaxed);
+  g_forked.store(true, std::memory_order_relaxed);
   new (engine_state()) EngineState();
   g_count.store(0, std::memory_order_relaxed); /* re-resolve and re-tell the engine */
 }
@@ -236,8 +242,7 @@ void on_fork_child() noexcept {
 Pool *the_pool() {
   Pool *p = g_pool.load(std::memory_order_acquire);
   if (p != nullptr) return p;
-  static std::once_flag atfork;
-  std::call_once(atfork, [] { pthread_atfork(nullptr, nullptr, on_fork_child); });
+  num_threads(); /* registers the fork handler */
   Pool *fresh = new (std::nothrow) Pool();
   if (fresh == nullptr) return nullptr;
   Pool *expected = nullptr;
@@ -316,6 +321,22 @@ void run_parts(int parts, PartFn part) {
     pool->caller_sleeping.store(0, std::memory_order_relaxed);
   }
   pool->taken.store(false, std::memory_order_release);
+}
+
+void parallel_for_pool(int64_t n, int64_t grain,
+                       FunctionRef<void(int64_t, int64_t)> body) {
+  const int64_t parts = std::max<int64_t>(
+      1, std::min<int64_t>(num_threads(), n / std::max<int64_t>(grain, 1)));
+  if (parts == 1) return body(0, n);
+  const int64_t share = (n + parts - 1) / parts;
+  run_parts(static_cast<int>(parts), [&](int p) {
+    const int64_t begin = p * share, end = std::min(n, begin + share);
+    if (begin < end) body(begin, end);
+  });
+}
+
+bool forked_child() noexcept {
+  return g_forked.load(std::memory_order_relaxed);
 }
 
 SerialBlas::SerialBlas() {

@@ -142,12 +142,18 @@ static void *held_main(void *arg) {
   return NULL;
 }
 
+/* The BLAS engine's count in a forked child: oneMKL runs on one there
+ * (GNU OpenMP cannot start a team in the child of a process that had one). */
+static int child_blas_count(int count) {
+  return strstr(osft_build_info(), "BLAS MKL") != NULL ? 1 : count;
+}
+
 /* In the child: a fresh pool, the parent's results, within 60 s. */
 static int child_checks(uint64_t parent_sum, int count) {
   alarm(60); /* a deadlock fails the test instead of hanging it */
   int c = 0, workers = 0, blas = 0;
   osfti_cpu_threads(&c, &workers, &blas);
-  if (workers != 0 || c != count || blas != count) return 2;
+  if (workers != 0 || c != count || blas != child_blas_count(count)) return 2;
   osft_context_t ctx = NULL;
   if (osft_context_create(&ctx, NULL) != OSFT_STATUS_SUCCESS) return 3;
   threads_work w;
@@ -158,7 +164,7 @@ static int child_checks(uint64_t parent_sum, int count) {
   osfti_cpu_threads(&c, &workers, &blas);
   threads_work_free(&w);
   osft_context_destroy(ctx);
-  if (workers != count - 1 || blas != count) return 4;
+  if (workers != count - 1 || blas != child_blas_count(count)) return 4;
   return sum == parent_sum ? 0 : 5;
 }
 
