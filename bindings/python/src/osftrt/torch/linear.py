@@ -27,6 +27,7 @@ _STRATEGIES = {"auto": 0, "factorized": 1, "dense": 2, "hybrid": 3}
 
 
 _RANK_ROUNDINGS = ("round", "floor")
+_FACTOR_NAMES = ("u_high", "s_high", "v_high", "u_low", "s_low", "v_low")
 
 
 def frozen_rank(k, rank_ratio, rank_rounding="round"):
@@ -48,6 +49,9 @@ class _FLinearFn(torch.autograd.Function):
         y = x.new_empty(x.shape[:-1] + (module.out_features,))
         capi.osft_flinear_forward(layer, x.detach(), None if bias is None else bias.detach(), y)
         ctx.module = module
+        # the factors' shapes and dtypes (no module attribute lookups in the
+        # backward; not the tensors: FSDP2 refills them between the passes)
+        ctx.factors = tuple((t.shape, t.dtype) for t in (u_low, s_low, v_low))
         ctx.save_for_backward(x, bias)
         return y
 
@@ -61,12 +65,13 @@ class _FLinearFn(torch.autograd.Function):
         out = [None] * 6
         if need[0]:
             out[0] = g.grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
+        (u_shape, u_dtype), (s_shape, s_dtype), (v_shape, v_dtype) = ctx.factors
         if need[1]:
-            out[1] = g.grad_u_low = torch.empty(module.u_low.shape, dtype=module.u_low.dtype, device=x.device)
+            out[1] = g.grad_u_low = torch.empty(u_shape, dtype=u_dtype, device=x.device)
         if need[2]:
-            out[2] = g.grad_s_low = torch.empty_like(module.s_low)
+            out[2] = g.grad_s_low = torch.empty(s_shape, dtype=s_dtype, device=x.device)
         if need[3]:
-            out[3] = g.grad_v_low = torch.empty_like(module.v_low, memory_format=torch.contiguous_format)
+            out[3] = g.grad_v_low = torch.empty(v_shape, dtype=v_dtype, device=x.device)
         if need[4] and bias is not None:
             out[4] = g.grad_bias = torch.empty_like(bias)
         if any(o is not None for o in out):
@@ -194,12 +199,23 @@ class OSFTLinear(TransientHandles, nn.Module):
         return (self.u_high, self.s_high, self.v_high, self.u_low, self.s_low, self.v_low)
 
     def _layer_handle(self):
-        key = storage_key(self._factors())
+        # Called twice per forward + backward: the factors straight from the
+        # module's dicts (nn.Module.__getattr__ took a third of this call,
+        # which was ~10 us of a 2 x 2 layer's ~120 us; issue 55).
+        # The backward asks again rather than reusing the forward's handle:
+        # FSDP2 frees the gathered factors after the forward and gathers
+        # them anew, elsewhere, for the backward.
+        b, p = self._buffers, self._parameters
+        try:  # a factor may be a parameter or a buffer (prepare_fsdp2 makes the frozen ones parameters)
+            factors = tuple(p[n] if n in p else b[n] for n in _FACTOR_NAMES)
+        except KeyError:  # elsewhere: as nn.Module finds it
+            factors = self._factors()
+        key = storage_key(factors)
         if self._layer is None or self._layer.closed or key != self._layer_key:
             self.close()
-            ctx = context_for(self.u_low, self._context)
+            ctx = context_for(factors[3], self._context)
             f = capi.osft_flinear_factors_t()
-            f.u_high, f.s_high, f.v_high, f.u_low, f.s_low, f.v_low = (t.detach() for t in self._factors())
+            f.u_high, f.s_high, f.v_high, f.u_low, f.s_low, f.v_low = (t.detach() for t in factors)
             o = capi.osft_flinear_options_t()
             o.strategy = _STRATEGIES[self._strategy]
             # changes are reported (below), so the rebuilt W is kept on
@@ -208,7 +224,7 @@ class OSFTLinear(TransientHandles, nn.Module):
             self._layer = capi.osft_flinear_create_from_factors(ctx.handle, f, o)
             self._layer_key = key
             self._factor_versions = self._versions()
-        versions = self._versions()
+        versions = (factors[3]._version, factors[4]._version, factors[5]._version)
         if versions != self._factor_versions:
             capi.osft_flinear_mark_updated(self._layer)
             self._factor_versions = versions
