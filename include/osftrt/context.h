@@ -129,7 +129,9 @@ typedef enum osft_device_type_e {
  * 1 for
  * OSFT_DEVICE_CPU; for OSFT_DEVICE_CUDA the number of visible GPUs, and 0
  * when CUDA is not compiled in, or there is no driver or no GPU (these are
- * not errors: this is how a caller picks a backend).
+ * not errors: this is how a caller picks a backend). For CUDA it maps only
+ * the CUDA driver (libcuda.so.1); the CUDA module (cuBLAS, cuSOLVER, NCCL)
+ * loads with the first CUDA context or NCCL communicator.
  *
  * @param[in]  type   The device type.
  * @param[out] count  Receives the number of devices.
