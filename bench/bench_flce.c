@@ -610,7 +610,7 @@ static size_t old_default_budget(problem *p, size_t fixed) {
 
 static const char *plan_short(const fused_setup *f, char *buf, size_t size) {
   if (f->plan.chunking == OSFT_FLCE_CHUNKING_VOCAB)
-    snprintf(buf, size, "%lldx%lld r, %lldx%lld cls", (long long)f->plan.chunks,
+    snprintf(buf, size, "%lldx%lld r; %lldx%lld cls", (long long)f->plan.chunks,
              (long long)f->plan.chunk_rows, (long long)f->plan.slices,
              (long long)f->plan.slice_cols);
   else

@@ -123,10 +123,11 @@
  * GEMMs (oneMKL: its GEMM writes fp32).
  *
  * @par The default plan on the CPU
- * With memory_budget 0 on a CPU context the chunk buffers are at most 16
- * times x's bytes or 8 MiB, whichever is larger (1 GiB at most), so that
- * small batches take small scratch too (after 1.3.0; the 1.3.0 default
- * made room for 512 token rows: the whole M x V logits block at small M). Such budgets would
+ * With memory_budget 0 on a CPU context the chunk buffers are those of the
+ * CUDA default below (room for 512 token rows, or 16 M H bytes), but at
+ * most 32 times x's bytes or 8 MiB, whichever is larger, so that small
+ * batches take small scratch too (after 1.3.0, whose default made room for
+ * 512 token rows: the whole M x V logits block at small M). Such budgets would
  * make the token plan re-read and re-write grad_W once per small chunk, so
  * a call that overwrites an fp32 compact grad_weight (its accumulate bit
  * clear) on one rank keeps logits in grad_weight's own V x H floats
@@ -137,10 +138,11 @@
  * still to be read lie. Its scratch is a few floats per row and one
  * slice's gradient (GPT-2 at 256 tokens: 1 MiB instead of the 49 MiB
  * block, within 5% of the block's time: bench/results/flce_default_cpu.md).
- * Rows beyond those follow in token chunks. osft_flce_get_plan() reports
- * it as the vocabulary plan (one tile of M rows) when it holds all M rows,
- * else as the token plan whose first chunk holds the kept rows
- * (chunk_rows: the larger of those and the other chunks' rows). The
+ * Rows beyond those are kept in scratch as far as the budget allows, and
+ * the rest follow in token chunks. osft_flce_get_plan() reports it as the
+ * vocabulary plan (one tile of M rows) when it keeps all M rows, else as
+ * the token plan whose first chunk holds the kept rows (chunk_rows: that
+ * chunk's rows; the others have fewer). The
  * planner takes it where its cost model finds it cheaper than the other
  * plans within the budget (not with chunking TOKENS, a chunk_rows below M
  * or a slice_cols that is not a multiple of 16; with chunking VOCAB only

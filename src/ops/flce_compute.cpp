@@ -100,7 +100,7 @@ class Run {
     if (plan_.in_place) { /* the kept tile, then token chunks of rest_rows */
       in_place_tile();
       ++counts_.chunks;
-      first = plan_.kept_rows;
+      first = plan_.kept_rows + plan_.extra_rows;
       step = plan_.rest_rows;
     }
     for (; first < call_.m; first += step) {
@@ -184,9 +184,8 @@ class Run {
                     static_cast<long long>(plan_.slices),
                     plan_.in_place ? " (logits kept in grad_weight)" : "");
     else if (plan_.in_place)
-      std::snprintf(kind, sizeof kind,
-                    " (the first: %lld rows, logits kept in grad_weight)",
-                    static_cast<long long>(plan_.kept_rows));
+      std::snprintf(kind, sizeof kind, " (the first: %lld rows, logits kept)",
+                    static_cast<long long>(plan_.kept_rows + plan_.extra_rows));
     log_message(OSFT_LOG_DEBUG,
                 "flce: counts: %lld chunk(s)%s: %lld calls, %lld conversions (%lld "
                 "elements), %lld V x H passes, %lld host waits, %lld allocations",
@@ -487,57 +486,84 @@ class Run {
   }
 
   /* Where slice `sl`'s gradient goes when its grad_W rows would overwrite
-   * its own logits: tile_grad, or with token chunks to follow the start of
-   * their logits buffer (not used until then). */
+   * its own logits. */
   Mat staged_gradient(const Slice &sl) const {
-    const int slot =
-        plan_.slots.tile_grad >= 0 ? plan_.slots.tile_grad : plan_.slots.logits;
-    return Mat{mat(slot).data, plan_.kept_rows, sl.cols, padded_vocab(plan_.kept_cols),
-               OSFTI_F32};
+    return Mat{mat(plan_.slots.tile_grad).data, plan_.kept_rows, sl.cols,
+               padded_vocab(plan_.kept_cols), OSFTI_F32};
+  }
+
+  /* Slice `sl`'s logits of the extra kept rows, in the logits slot: the
+   * slices' tiles one after another, each extra_rows x Sp. */
+  Mat extra_tile(const Slice &sl) const {
+    auto *base = static_cast<float *>(mat(plan_.slots.logits).data);
+    return Mat{base + plan_.extra_rows * sl.first, plan_.extra_rows, sl.cols,
+               padded_vocab(sl.cols), OSFTI_F32};
   }
 
   /* The kept rows over the slices: every slice's logits computed once into
-   * its kept tile (pass 1, merging the row records), then from the last
-   * slice to the first (pass 2) the gradient from the merged records,
-   * grad_x += g W_s, grad_W_s = g^T x, grad_b_s. Slice k's grad_W rows
-   * start at k S H floats, its tile at k S R (R kept rows <= H): they never
-   * reach an earlier slice's tile; where they would overwrite their own,
-   * the gradient goes to scratch first (tile_grad). Overwrites grad_W and
-   * grad_b: later token chunks add to them. */
+   * their tiles (pass 1, merging the row records), then from the last slice
+   * to the first (pass 2) the gradient from the merged records, grad_x +=
+   * g W_s, grad_W_s = g^T x, grad_b_s. The first kept_rows lie in
+   * grad_weight: slice k's grad_W rows start at k S H floats, its tile at
+   * k S R (R <= H), so they never reach an earlier slice's tile; where they
+   * would overwrite their own, the gradient goes to tile_grad first. The
+   * next extra_rows lie in scratch and add their share to grad_W_s while
+   * its rows are hot. Overwrites grad_W and grad_b: token chunks after it
+   * add to them. */
   void in_place_tile() {
-    const int64_t m = plan_.kept_rows;
-    const Mat x = rows_of(call_.x, 0, m);
+    const int64_t r = plan_.kept_rows, e = plan_.extra_rows, m = r + e;
+    const Mat xa = rows_of(call_.x, 0, r), xb = rows_of(call_.x, r, e);
     float *running = static_cast<float *>(mat(plan_.slots.records).data);
     float *sliced = running + m * kFlceRecordWords;
     for (int64_t s = 0; s < plan_.kept_slices; ++s) {
       const Slice sl = kept_slice(s);
-      const Mat tile = kept_tile(sl);
-      gemm(Op::N, x, Op::T, rows_of(call_.w, sl.first, sl.cols), 0.0f, tile);
-      row_pass(0, tile, FlceRowPhase::records, sl,
-               {s == 0 ? running : sliced, nullptr, 1});
+      const Mat w = rows_of(call_.w, sl.first, sl.cols);
+      float *rec = s == 0 ? running : sliced;
+      const Mat ta = kept_tile(sl);
+      gemm(Op::N, xa, Op::T, w, 0.0f, ta);
+      row_pass(0, ta, FlceRowPhase::records, sl, {rec, nullptr, 1});
+      if (e > 0) {
+        const Mat tb = extra_tile(sl);
+        gemm(Op::N, xb, Op::T, w, 0.0f, tb);
+        row_pass(r, tb, FlceRowPhase::records, sl,
+                 {rec + r * kFlceRecordWords, nullptr, 1});
+      }
       if (s > 0)
         row_pass(0, Mat{nullptr, m, 0, 0, OSFTI_F32}, FlceRowPhase::merge, {},
                  {running, running, 2});
     }
-    const Records combined{nullptr, running, 1};
-    Accumulator gx = grad_x_accumulator(0, m);
+    Accumulator gxa = grad_x_accumulator(0, r), gxb = grad_x_accumulator(r, e);
     for (int64_t k = plan_.kept_slices - 1; k >= 0; --k) {
       const Slice sl = kept_slice(k);
-      const Mat tile = kept_tile(sl);
+      const Mat w = rows_of(call_.w, sl.first, sl.cols);
       const Mat rows = rows_of(call_.grad_w, sl.first, sl.cols);
+      const Mat ta = kept_tile(sl);
       const bool staged = static_cast<const float *>(rows.data) <
-                          static_cast<const float *>(tile.data) + m * tile.ld;
-      Mat g = tile;
-      if (staged) g = staged_gradient(sl);
-      row_pass(0, tile, FlceRowPhase::finish, sl, combined, staged ? &g : nullptr);
-      if (gx.target.data != nullptr) {
-        gemm(Op::N, g, Op::N, rows_of(call_.w, sl.first, sl.cols), gx.beta, gx.acc);
-        gx.beta = 1.0f;
+                          static_cast<const float *>(ta.data) + r * ta.ld;
+      const Mat ga = staged ? staged_gradient(sl) : ta;
+      row_pass(0, ta, FlceRowPhase::finish, sl, {nullptr, running, 1},
+               staged ? &ga : nullptr);
+      slice_gradients(ga, xa, w, sl, gxa, 0.0f, gb_.beta);
+      if (e > 0) {
+        const Mat tb = extra_tile(sl);
+        row_pass(r, tb, FlceRowPhase::finish, sl,
+                 {nullptr, running + r * kFlceRecordWords, 1});
+        slice_gradients(tb, xb, w, sl, gxb, 1.0f, 1.0f);
       }
-      gemm(Op::T, g, Op::N, x, 0.0f, rows);
-      if (gb_.target.data != nullptr) reduce_cols(g, gb_.beta, vec_of(gb_.acc, sl));
     }
     gw_.beta = gb_.beta = 1.0f;
+  }
+
+  /* One slice's share of a kept part: grad_x += g W_s over the slices,
+   * grad_W_s (+)= g^T x, grad_b_s (+)= the column sums of g. */
+  void slice_gradients(const Mat &g, const Mat &x, const Mat &w, const Slice &sl,
+                       Accumulator &gx, float beta_w, float beta_b) {
+    if (gx.target.data != nullptr) {
+      gemm(Op::N, g, Op::N, w, gx.beta, gx.acc);
+      gx.beta = 1.0f;
+    }
+    gemm(Op::T, g, Op::N, x, beta_w, rows_of(call_.grad_w, sl.first, sl.cols));
+    if (gb_.target.data != nullptr) reduce_cols(g, beta_b, vec_of(gb_.acc, sl));
   }
 
   /* grad_W's rows of slice `sl` (+)= g^T x_c. Bf16 rows where the GEMMs take

@@ -76,7 +76,8 @@ struct FlceSlots {
   int gathered = -1; /* ranks x chunk x kFlceRecordWords fp32 */
   int gx32 = -1;     /* vocabulary plans: chunk x H fp32, grad_x over the slices */
   /* in-place plans: kept_rows x Sp fp32, the gradient of a slice whose
-   * grad_W rows would overwrite logits not yet read (FlcePlan::in_place) */
+   * grad_W rows would overwrite logits not yet read (FlcePlan::in_place);
+   * their `logits` holds the extra kept rows' tiles, then the chunks' */
   int tile_grad = -1;
 };
 
@@ -95,19 +96,20 @@ struct FlcePlan {
   int64_t slice_cols = 0, slices = 1;
   /* The logits of the first kept_rows tokens are kept in the caller's
    * grad_weight (overwritten, fp32, compact: its V x H floats hold
-   * kept_rows x Vp logits, kept_rows <= V H / Vp) instead of a scratch
-   * buffer: their tile runs over kept_slices slices of kept_cols classes,
-   * each slice's logits computed once (three GEMMs, no recomputation),
-   * then from the last slice to the first its gradient, grad_x += g W_s
-   * and grad_W_s = g^T x written once (through tile_grad where its rows
-   * would overwrite logits not yet read). With kept_rows = M that is the
-   * whole call (a vocabulary plan of one tile: vocab, slices and
-   * slice_cols say so); with kept_rows < M the other tokens follow in
-   * token chunks of chunk_rows - 1 ... (the token plan's chunks, chunks - 1
-   * of them, summing into grad_W; chunk_rows then reports the larger of
-   * kept_rows and theirs). CPU, single rank. */
+   * kept_rows x Vp logits, kept_rows <= V H / Vp), those of the next
+   * extra_rows in scratch (the logits slot), instead of a chunk's buffer:
+   * their tile runs over kept_slices slices of kept_cols classes, each
+   * slice's logits computed once (three GEMMs, no recomputation), then from
+   * the last slice to the first its gradient, grad_x += g W_s and
+   * grad_W_s = g^T x written once (the kept rows' share through tile_grad
+   * where its rows would overwrite logits not yet read; the extra rows'
+   * added at once). When that is all M rows, the plan is a vocabulary plan
+   * of one tile (vocab, slices and slice_cols say so); otherwise the other
+   * tokens follow in token chunks of rest_rows in the logits slot (chunks - 1
+   * of them, summing into grad_W; chunk_rows reports the tile's rows). CPU,
+   * single rank. */
   bool in_place = false;
-  int64_t kept_rows = 0, kept_slices = 0, kept_cols = 0;
+  int64_t kept_rows = 0, extra_rows = 0, kept_slices = 0, kept_cols = 0;
   int64_t rest_rows = 0; /* rows per token chunk after the kept tile */
   /* The cost model's estimate of the call, in units of its floor (the
    * three GEMMs over all tokens; one without gradients). */

@@ -23,13 +23,16 @@ constexpr unsigned kComputeDtypes = OSFTI_F32 | OSFTI_BF16;
 constexpr size_t kDefaultChunkBytes = size_t{1} << 30;
 constexpr size_t kDefaultLogitsPerX = 4;
 constexpr size_t kDefaultFloorRows = 512;
-/* The default chunk buffers on the CPU (since 1.3.x): at most
- * kDefaultXMultiple x x's bytes or kDefaultMinChunkBytes, whichever is
- * larger (and at most kDefaultChunkBytes). Small batches then take either
- * the in-place plan (their logits in grad_weight's buffer: no chunk
- * buffers) or small chunks. Measured in bench/results/flce_default_cpu.md. */
+/* The default chunk buffers on the CPU (after 1.3.0): the 1.3.0 default
+ * above, but at most kDefaultXMultiple x x's bytes or
+ * kDefaultMinChunkBytes, whichever is larger. Small batches then take the
+ * in-place plan (their logits in grad_weight's buffer: no chunk buffers)
+ * or small chunks; large ones what they took. 16 x x's bytes left GPT-2
+ * and SmolLM2 at 1024 tokens 5% slower than the whole logits block (one
+ * token chunk after the kept rows), 32 x lets the kept rows take them all
+ * (bench/results/flce_default_cpu.md). */
 constexpr size_t kDefaultMinChunkBytes = size_t{8} << 20;
-constexpr size_t kDefaultXMultiple = 16;
+constexpr size_t kDefaultXMultiple = 32;
 /* In-place plans: logits per slice (M x S fp32) of about kInPlaceTileBytes,
  * L2-sized, so that the row passes read what the GEMM just wrote from
  * cache; but at least kInPlaceMinCols classes: each slice reads x in all
@@ -37,6 +40,10 @@ constexpr size_t kDefaultXMultiple = 16;
  * slices of S classes weigh against 6 M S H flops. */
 constexpr size_t kInPlaceTileBytes = size_t{1} << 20;
 constexpr int64_t kInPlaceMinCols = 1024;
+/* Data the cost model takes to stay in the last-level cache between the
+ * slices of one tile (x's rows and their grad_x): a part of a server CPU's
+ * L3 (32 MiB on the Zen 4 the CPU plans were measured on). */
+constexpr double kCachedBytes = 8.0 * (1 << 20);
 /* Below this many rows per chunk the GEMMs run visibly slower (measured on
  * OpenBLAS; cuBLAS wants more). */
 constexpr int64_t kEfficientRows = 128;
@@ -336,14 +343,12 @@ size_t token_row_bytes(const Flce &f, const FlceCall &c) {
  * on the CPU see kDefaultMinChunkBytes. */
 size_t default_chunk_bytes(const Flce &f, const FlceCall &c, size_t per_row) {
   const size_t m = static_cast<size_t>(c.m), h = static_cast<size_t>(c.h);
-  if (!on_cuda(*f.ctx)) {
-    const size_t x_bytes = m * h * osfti_dtype_size(c.x.dtype);
-    return std::min(kDefaultChunkBytes,
-                    std::max(kDefaultMinChunkBytes, kDefaultXMultiple * x_bytes));
-  }
   const size_t by_x = kDefaultLogitsPerX * m * h * sizeof(float);
   const size_t floor = kDefaultFloorRows * per_row;
-  return std::min(kDefaultChunkBytes, std::max(by_x, floor));
+  const size_t former = std::min(kDefaultChunkBytes, std::max(by_x, floor));
+  if (on_cuda(*f.ctx)) return former;
+  const size_t x_bytes = m * h * osfti_dtype_size(c.x.dtype);
+  return std::min(former, std::max(kDefaultMinChunkBytes, kDefaultXMultiple * x_bytes));
 }
 
 /* The budget of a call: the handle's (default: the fixed scratch plus
@@ -547,19 +552,26 @@ class Cost {
     return over_floor();
   }
 
-  /* The in-place plan: one tile of the kept rows over slices of w
-   * classes, each slice's logits computed once; grad_x summed over the
-   * slices, grad_W written once; then the other rows in token chunks
-   * summing into grad_W. */
+  /* The in-place plan: one tile of the kept rows (in grad_weight and in
+   * scratch) over slices of w classes, each slice's logits computed once;
+   * grad_x summed over the slices, grad_W written once (the scratch rows'
+   * share added while the slice's rows are still in cache); then the
+   * other rows in token chunks summing into grad_W. */
   double in_place(const FlcePlan &p) {
     const double ns = static_cast<double>(p.kept_slices);
-    const double k = static_cast<double>(p.kept_rows), w = v_ / ns, v = v_, h = h_;
-    gemm(ns, k, w, h, (k * h + w * h) * op_ + k * w * 4);
+    const double k = static_cast<double>(p.kept_rows + p.extra_rows);
+    const double w = v_ / ns, v = v_, h = h_;
+    const double parts = p.extra_rows > 0 ? 2.0 : 1.0; /* GEMMs per slice and kind */
+    /* x's kept rows and their grad_x, read (and written) by every slice,
+     * come from memory once where they fit the last-level cache */
+    const double xs = k * h * 4 <= kCachedBytes ? 1.0 / ns : 1.0;
+    gemm(ns, k, w, h, (xs * k * h + parts * w * h) * op_ + k * w * 4);
     pass(ns, k * w * 4);        /* the records pass */
     pass(ns, k * w * (4 + g_)); /* the gradient pass */
     if (gx_ > 0.0)
-      gemm(ns, k, h, w, k * w * g_ + w * h * op_ + k * h * gx_ * rmw(ns, beta_x_));
-    gemm(ns, w, h, k, k * w * g_ + k * h * op_ + w * h * gw_);
+      gemm(ns, k, h, w,
+           k * w * g_ + parts * w * h * op_ + xs * k * h * gx_ * rmw(ns, beta_x_));
+    gemm(ns, w, h, k, k * w * g_ + xs * k * h * op_ + w * h * gw_);
     if (p.rest_rows > 0) {
       const double n = static_cast<double>(p.chunks - 1), r = (m_ - k) / n;
       gemm(n, r, v, h, (r * h + v * h) * op_ + r * v * 4);
@@ -624,38 +636,28 @@ bool in_place_fits(const Flce &f, const FlceCall &c) {
          f.opts.slice_cols >= c.v;
 }
 
-/* Rows of Vp fp32 logits that hold `kept` rows of Sp (cols) floats. */
-int64_t rows_holding(const FlceCall &c, int64_t kept, int64_t cols) {
-  const int64_t vp = padded_vocab(c.v);
-  return (kept * padded_vocab(cols) + vp - 1) / vp;
-}
-
 /* Scratch of an in-place plan: the token results, the row records of the
- * kept rows (running and a slice's), one slice's gradient (`cols`
- * classes), and the logits of a token chunk of `rest` rows (0: none), in
- * whose buffer the slice's gradient then lies (they are never used at the
- * same time). */
-FlceSlots add_in_place_slots(const FlceCall &c, int64_t kept, int64_t cols, int64_t rest,
+ * M rows at most (running and a slice's), the stage of a slice's gradient
+ * (`kept` x `cols` classes), and `rows` rows of fp32 logits (0: none): the
+ * extra kept rows' tiles, then the token chunks'. */
+FlceSlots add_in_place_slots(const FlceCall &c, int64_t kept, int64_t cols, int64_t rows,
                              ScratchPlan &p) {
   FlceSlots s;
   add_token_slots(c, p, s);
-  s.records = p.add_mat(2 * kept, kFlceRecordWords, OSFTI_F32);
-  if (rest == 0)
-    s.tile_grad = p.add_mat(kept, padded_vocab(cols), OSFTI_F32);
-  else
-    s.logits = p.add_mat(std::max(rest, rows_holding(c, kept, cols)), padded_vocab(c.v),
-                         OSFTI_F32);
+  s.records = p.add_mat(2 * c.m, kFlceRecordWords, OSFTI_F32);
+  s.tile_grad = p.add_mat(kept, padded_vocab(cols), OSFTI_F32);
+  if (rows > 0) s.logits = p.add_mat(rows, padded_vocab(c.v), OSFTI_F32);
   return s;
 }
 
-/* The in-place plan within the budget: the first min(M, capacity) rows
- * kept, in slices of about kInPlaceTileBytes of logits (the caller's
- * slice_cols if set; narrower where the budget asks), the rest in token
- * chunks as large as the budget allows; false where the call does not
- * qualify or nothing fits. */
+/* The in-place plan within the budget: the first R = min(M, capacity) rows
+ * kept in grad_weight, in slices of about kInPlaceTileBytes of logits (the
+ * caller's slice_cols if set; narrower where the budget asks), as many
+ * more kept in scratch as the budget holds, the rest in token chunks of as
+ * many rows; false where the call does not qualify or nothing fits. */
 bool plan_in_place(const Flce &f, const FlceCall &c, FlcePlan &plan) {
   if (!in_place_fits(f, c)) return false;
-  const int64_t kept = std::min(c.m, kept_capacity(c)), rest = c.m - kept;
+  const int64_t kept = std::min(c.m, kept_capacity(c)), more = c.m - kept;
   const auto bytes = [&](int64_t cols, int64_t rows) {
     ScratchPlan p;
     add_in_place_slots(c, kept, cols, rows, p);
@@ -671,56 +673,41 @@ bool plan_in_place(const Flce &f, const FlceCall &c, FlcePlan &plan) {
     cols = choose_cols(c.v, std::min(wanted, c.v), 0);
     if (cols < c.v) cols = (cols + 15) / 16 * 16; /* whole rows of 16 classes */
   }
-  const auto narrower = [&]() {
+  /* the stage and one row of logits at least, narrower slices if need be */
+  while (bytes(cols, more > 0 ? 1 : 0) > plan.budget) {
     if (callers || cols <= 16) return false;
     cols = std::max<int64_t>(16, (cols / 2 + 15) / 16 * 16);
-    return true;
-  };
-  int64_t rows = 0;
-  if (rest == 0) {
-    while (bytes(cols, 0) > plan.budget)
-      if (!narrower()) return false;
-  } else {
-    /* the chunk buffer as large as the budget allows (it holds the slice's
-     * gradient too: slices narrow enough for it) */
-    ScratchPlan base;
-    FlceSlots unused;
-    add_token_slots(c, base, unused);
-    base.add_mat(2 * kept, kFlceRecordWords, OSFTI_F32);
-    const size_t fixed = base.bytes() + 2 * ScratchPlan::alignment;
-    const size_t per_row = token_row_bytes(f, c);
-    if (plan.budget < fixed + per_row) return false;
-    const int64_t cap = static_cast<int64_t>((plan.budget - fixed) / per_row);
-    if (rows_holding(c, kept, cols) > cap) {
-      if (callers) return false;
-      const int64_t widest = cap * padded_vocab(c.v) / kept / 16 * 16;
-      if (widest < 16) return false;
-      cols = std::min(cols, widest);
-    }
-    rows = choose_rows(rest, cap, 0);
+  }
+  int64_t rows = 0; /* of scratch logits: the extra kept rows, then chunks */
+  if (more > 0) {
+    const size_t fixed = bytes(cols, 0) + 2 * ScratchPlan::alignment;
+    const int64_t cap = static_cast<int64_t>(std::min<size_t>(
+        (plan.budget - fixed) / token_row_bytes(f, c), static_cast<size_t>(more)));
+    rows = std::max<int64_t>(cap, 1);
     while (rows > 1 && bytes(cols, rows) > plan.budget) --rows;
-    if (bytes(cols, rows) > plan.budget) return false;
   }
   FlcePlan p;
   p.budget = plan.budget;
   p.in_place = true;
   p.kept_rows = kept;
+  p.extra_rows = rows;
   p.kept_cols = cols;
   p.kept_slices = (c.v + cols - 1) / cols;
-  if (rest == 0) {
+  const int64_t rest = more - rows;
+  if (rest == 0) { /* one tile of all M rows: a vocabulary plan */
     p.vocab = true;
     p.chunk_rows = c.m;
     p.chunks = 1;
     p.slice_cols = cols;
     p.slices = p.kept_slices;
   } else {
-    p.rest_rows = rows;
-    p.chunks = 1 + (rest + rows - 1) / rows;
-    p.chunk_rows = std::max(kept, rows);
+    p.rest_rows = choose_rows(rest, rows, 0);
+    p.chunks = 1 + (rest + p.rest_rows - 1) / p.rest_rows;
+    p.chunk_rows = kept + rows;
     p.slice_cols = c.v;
     p.slices = 1;
   }
-  p.slots = add_in_place_slots(c, kept, cols, p.rest_rows, p.scratch);
+  p.slots = add_in_place_slots(c, kept, cols, rows, p.scratch);
   p.cost = Cost(f, c).in_place(p);
   plan = p;
   return true;
@@ -794,13 +781,17 @@ FlcePlan plan_call(const Flce &f, const FlceCall &c) {
           "vocabulary plan)",
           bound, vocab.budget, least);
   }
-  /* ties (e.g. one chunk either way) go to the token plan, then to the
-   * two-pass vocabulary plan */
+  /* ties (e.g. one chunk either way) go to the token plan before the
+   * two-pass vocabulary plan, */
   const FlcePlan *best = have_tokens ? &tokens : nullptr;
   if (have_vocab && (best == nullptr || vocab.cost < 0.98 * best->cost)) best = &vocab;
-  /* (and from the two-pass plan to the in-place one, which takes less) */
-  if (have_in_place && (best == nullptr || in_place.cost < 0.98 * best->cost ||
-                        (best == &vocab && in_place.cost <= vocab.cost)))
+  /* and to the in-place plan where the model finds it 1% cheaper; under
+   * the default budget, unless it finds it 1% costlier: it takes the least
+   * scratch (Llama-3's V = 128256 at 256 tokens: 1 MiB against the 125 MiB
+   * block at a tie), and the model rather underrates what each token
+   * chunk's passes over V x H cost (bench/results/flce_default_cpu.md) */
+  const double margin = f.opts.memory_budget == 0 ? 1.01 : 0.99;
+  if (have_in_place && (best == nullptr || in_place.cost < margin * best->cost))
     best = &in_place;
   const FlcePlan plan = *best;
   if (!plan.vocab && plan.chunk_rows < std::min<int64_t>(c.m, kEfficientRows) &&
@@ -810,7 +801,7 @@ FlcePlan plan_call(const Flce &f, const FlceCall &c) {
                 "efficiency below about %lld rows",
                 bound, plan.budget, static_cast<long long>(plan.chunk_rows),
                 static_cast<long long>(kEfficientRows));
-  char slices[160] = "";
+  char slices[224] = "";
   if (plan.vocab)
     std::snprintf(
         slices, sizeof slices, " x %lld slice(s) of %lld classes (vocabulary%s)",
@@ -819,10 +810,10 @@ FlcePlan plan_call(const Flce &f, const FlceCall &c) {
   else if (plan.in_place)
     std::snprintf(
         slices, sizeof slices,
-        " (the first of %lld rows in %lld slice(s) of %lld classes, logits kept "
-        "in grad_weight)",
-        static_cast<long long>(plan.kept_rows), static_cast<long long>(plan.kept_slices),
-        static_cast<long long>(plan.kept_cols));
+        " (the first %lld + %lld rows in %lld slice(s) of %lld classes, logits kept "
+        "in grad_weight + scratch)",
+        static_cast<long long>(plan.kept_rows), static_cast<long long>(plan.extra_rows),
+        static_cast<long long>(plan.kept_slices), static_cast<long long>(plan.kept_cols));
   log_message(OSFT_LOG_DEBUG,
               "flce: M = %lld, V = %lld, H = %lld: %lld chunk(s) of %lld rows%s%s, %zu "
               "bytes of scratch (bound %zu); model %.3f x the GEMMs (tokens %.3f, "

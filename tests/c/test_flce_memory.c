@@ -106,8 +106,8 @@ static osft_flce_plan_t default_plan(osft_context_t ctx, int64_t m, int64_t h,
  * most 4 x x's elements (16 M H bytes), above a floor of 512 token rows:
  * quadrupling the tokens quadruples the chunk buffers, not the whole M x V
  * logits as the former default (the fixed part + 1 GiB) did below 1 GiB.
- * On the CPU (since issue 55): 16 x x's bytes or 8 MiB, whichever is
- * larger, with no floor of rows (test_flce_default.c covers the plans). */
+ * On the CPU (since issue 55) that, but at most 32 x x's bytes or 8 MiB,
+ * whichever is larger (test_flce_default.c covers the plans). */
 static void test_default_budget_follows_x(void **state) {
   const int64_t h = 128, v = 8000;
 #ifndef OSFT_TEST_CUDA
@@ -115,11 +115,15 @@ static void test_default_budget_follows_x(void **state) {
   const int64_t ms[3] = {512, 8192, 32768};
   for (int i = 0; i < 3; ++i) {
     const osft_flce_plan_t q = default_plan(CTX, ms[i], h, v);
-    size_t chunk = 16 * 4 * (size_t)ms[i] * (size_t)h;
-    if (chunk < ((size_t)8 << 20)) chunk = (size_t)8 << 20;
+    const size_t m = (size_t)ms[i];
+    size_t former = 16 * m * (size_t)h; /* the 1.3.0 default's */
+    if (former < 512 * row) former = 512 * row;
+    size_t small = 32 * 4 * m * (size_t)h;
+    if (small < ((size_t)8 << 20)) small = (size_t)8 << 20;
+    const size_t chunk = small < former ? small : former;
     assert_true(q.budget_bytes >= chunk);
-    assert_true(q.budget_bytes <= chunk + 16 * (size_t)ms[i] + 4096);
-    assert_true(q.chunks > 1); /* the 1.3.0 default: one chunk of 512 rows */
+    assert_true(q.budget_bytes <= chunk + 16 * m + 4096);
+    assert_true(q.chunks > 1); /* at 512: the 1.3.0 default's one chunk */
     assert_true(q.chunk_rows * row <= q.budget_bytes);
   }
   (void)state;
