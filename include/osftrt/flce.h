@@ -126,14 +126,14 @@
  * With memory_budget 0 on a CPU context the chunk buffers are those of the
  * CUDA default below (room for 512 token rows, or 16 M H bytes), but at
  * most 32 times x's bytes or 8 MiB, whichever is larger, so that small
- * batches take small scratch too (after 1.3.0, whose default made room for
- * 512 token rows: the whole M x V logits block at small M). Such budgets would
- * make the token plan re-read and re-write grad_W once per small chunk, so
- * a call that overwrites an fp32 compact grad_weight (its accumulate bit
- * clear) on one rank keeps logits in grad_weight's own V x H floats
- * instead: the M x Vp logits of up to V H / Vp ~ H rows, computed slice by
- * slice into it (three GEMMs, nothing recomputed), then from the last
- * slice to the first the gradient, grad_x += g W[slice] and
+ * batches take small scratch too (after 1.3.0, whose default made room
+ * for 512 token rows: the whole M x V logits block at small M). Such
+ * budgets would make the token plan re-read and re-write grad_W once per
+ * small chunk, so a call that overwrites an fp32 compact grad_weight (its
+ * accumulate bit clear) on one rank keeps logits in grad_weight's own
+ * V x H floats instead: the M x Vp logits of up to V H / Vp ~ H rows,
+ * computed slice by slice into it (three GEMMs, nothing recomputed), then
+ * from the last slice to the first the gradient, grad_x += g W[slice] and
  * grad_W[slice] = g^T x, each slice's rows written once where no logits
  * still to be read lie. Its scratch is a few floats per row and one
  * slice's gradient (GPT-2 at 256 tokens: 1 MiB instead of the 49 MiB
@@ -142,11 +142,12 @@
  * the rest follow in token chunks. osft_flce_get_plan() reports it as the
  * vocabulary plan (one tile of M rows) when it keeps all M rows, else as
  * the token plan whose first chunk holds the kept rows (chunk_rows: that
- * chunk's rows; the others have fewer). The
- * planner takes it where its cost model finds it cheaper than the other
- * plans within the budget (not with chunking TOKENS, a chunk_rows below M
- * or a slice_cols that is not a multiple of 16; with chunking VOCAB only
- * when it holds all M rows). An accumulated grad_weight (micro-batches
+ * chunk's rows; the others have fewer). The planner takes it under the
+ * default budget unless its cost model finds it 1% costlier than the best
+ * other plan (it takes the least scratch), under an explicit budget where
+ * the model finds it 1% cheaper; never with chunking TOKENS, a chunk_rows
+ * below M or a slice_cols that is not a multiple of 16; with chunking VOCAB
+ * only when it keeps all M rows. An accumulated grad_weight (micro-batches
  * after the first) cannot lend its memory: pass the accumulate bit clear on
  * the first micro-batch, whose call then overwrites (zeroes) it. CUDA
  * contexts keep the 1.3.0 default (below).
