@@ -142,10 +142,10 @@
  * the rest follow in token chunks. osft_flce_get_plan() reports it as the
  * vocabulary plan (one tile of M rows) when it keeps all M rows, else as
  * the token plan whose first chunk holds the kept rows (chunk_rows: that
- * chunk's rows; the others have fewer). The planner takes it under the
- * default budget unless its cost model finds it 1% costlier than the best
- * other plan (it takes the least scratch), under an explicit budget where
- * the model finds it 1% cheaper; never with chunking TOKENS, a chunk_rows
+ * chunk's rows; the others have fewer). The planner takes it where its
+ * cost model finds it 1% cheaper than the best other plan, and under the
+ * default budget also at a tie (within 1%) with a plan of more than 8 MiB
+ * of scratch (it takes the least); never with chunking TOKENS, a chunk_rows
  * below M or a slice_cols that is not a multiple of 16; with chunking VOCAB
  * only when it keeps all M rows. An accumulated grad_weight (micro-batches
  * after the first) cannot lend its memory: pass the accumulate bit clear on

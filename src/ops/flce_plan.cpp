@@ -786,13 +786,17 @@ FlcePlan plan_call(const Flce &f, const FlceCall &c) {
   const FlcePlan *best = have_tokens ? &tokens : nullptr;
   if (have_vocab && (best == nullptr || vocab.cost < 0.98 * best->cost)) best = &vocab;
   /* and to the in-place plan where the model finds it 1% cheaper; under
-   * the default budget, unless it finds it 1% costlier: it takes the least
-   * scratch (Llama-3's V = 128256 at 256 tokens: 1 MiB against the 125 MiB
-   * block at a tie), and the model rather underrates what each token
-   * chunk's passes over V x H cost (bench/results/flce_default_cpu.md) */
-  const double margin = f.opts.memory_budget == 0 ? 1.01 : 0.99;
-  if (have_in_place && (best == nullptr || in_place.cost < margin * best->cost))
-    best = &in_place;
+   * the default budget, where the other plan takes more than
+   * kDefaultMinChunkBytes, unless it finds it 1% costlier: it takes the
+   * least scratch (Llama-3's V = 128256 at 256 tokens: 1 MiB against the
+   * 125 MiB block at a tie), and the model rather underrates what each
+   * token chunk's passes over V x H cost (bench/results/flce_default_cpu.md) */
+  const bool lean = f.opts.memory_budget == 0 && best != nullptr &&
+                    best->scratch.bytes() > kDefaultMinChunkBytes;
+  const double margin = lean ? 1.01 : 0.99;
+  if (have_in_place && (best == nullptr || in_place.cost < margin * best->cost ||
+                        (best == &vocab && in_place.cost <= vocab.cost)))
+    best = &in_place; /* (the two-pass plan's tie: the in-place one takes less) */
   const FlcePlan plan = *best;
   if (!plan.vocab && plan.chunk_rows < std::min<int64_t>(c.m, kEfficientRows) &&
       !plan.hold)

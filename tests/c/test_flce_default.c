@@ -140,17 +140,19 @@ static size_t default_bound(int64_t m, int64_t h) {
  * at most 8 MiB of scratch, where the 1.3.0 default took the whole 49 MiB
  * logits block; so do SmolLM2 (49152 x 576) up to 512 tokens and Llama-3
  * (128256 x 4096) at 256 (the default prefers the least scratch at a
- * modeled tie: the whole 16-token block, 3 MiB, keeps its logits too);
- * beyond about H tokens the cost model picks token chunks or the kept
- * rows (in grad_weight, then in scratch), within the bound. */
+ * modeled tie: 1 MiB against the 125 MiB block); a whole block within
+ * 8 MiB is one token chunk; beyond about H tokens the cost model picks token chunks or
+ * the kept rows (in grad_weight, then in scratch), within the bound. */
 static void test_default_plans_of_models(void **state) {
   enum { KEPT, ONE_CHUNK, ANY };
   static const int64_t shapes[][4] = {
       /* M, H, V, the plan */
-      {256, 768, 50257, KEPT},   {16, 768, 50257, KEPT},    {64, 768, 50257, KEPT},
-      {512, 768, 50257, KEPT},   {1024, 768, 50257, ANY},   {4096, 768, 50257, ANY},
-      {64, 576, 49152, KEPT},    {512, 576, 49152, KEPT},   {2048, 576, 49152, ANY},
-      {16, 4096, 128256, KEPT},  {256, 4096, 128256, KEPT}, {1024, 4096, 128256, ANY},
+      {256, 768, 50257, KEPT},   {16, 768, 50257, ONE_CHUNK},
+      {64, 768, 50257, KEPT},    {512, 768, 50257, KEPT},
+      {1024, 768, 50257, ANY},   {4096, 768, 50257, ANY},
+      {64, 576, 49152, KEPT},    {512, 576, 49152, KEPT},
+      {2048, 576, 49152, ANY},   {16, 4096, 128256, ONE_CHUNK},
+      {256, 4096, 128256, KEPT}, {1024, 4096, 128256, ANY},
       {2048, 4096, 128256, ANY}, {1, 768, 50257, ANY},
   };
   for (size_t i = 0; i < sizeof shapes / sizeof *shapes; ++i) {
