@@ -259,6 +259,7 @@ static void test_power_iteration_singular_factor(void **state) {
 }
 
 int main(void) {
+  if (!tt_device_present()) return OSFT_TEST_SKIP;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_batch_reports_rank_deficient, tt_setup,
                                       tt_teardown),
