@@ -14,8 +14,10 @@
 #      library compiled from src/ and bundled) and installed into the venv;
 #      SWIG 4.1's output does not compile under Python's limited API (its
 #      runtime defines static type objects), so wheels are per version:
-#      OSFTRT_WHEELS="3.10 3.11 3.13" builds those too (into
-#      build-py312/wheels/, each from pyenv's interpreter);
+#      the stage builds cp310, cp311 and cp313 too (OSFTRT_WHEELS, default
+#      "3.10 3.11 3.13"; "" for none), each from pyenv's interpreter into
+#      build-py312/wheels/, through ccache (installed from Debian if
+#      missing) so that the library compiles once;
 #   3. pytest on bindings/python/tests/integrations (axolotl train runs, the
 #      mini_trainer model code with 2 gloo ranks, SOAP against stock, TRL's
 #      SFTTrainer) and test_qr_semantics.py, from the tests folder, with the
@@ -23,7 +25,7 @@
 #
 # Usage: bash .ci/stage_integrations.sh [extra pytest args]
 #   OSFTRT_PY312   the interpreter (default: pyenv's newest 3.12)
-#   OSFTRT_WHEELS  other CPython versions to build wheels for (default none)
+#   OSFTRT_WHEELS  other CPython versions to build wheels for (default "3.10 3.11 3.13")
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -56,18 +58,36 @@ installed=$SECONDS
 
 wheels=$venv/wheels
 rm -rf "$wheels" && mkdir -p "$wheels"
+others=${OSFTRT_WHEELS-3.10 3.11 3.13}
+launcher=()
+if [[ -n $others ]]; then
+  command -v ccache >/dev/null || { apt-get install -y -qq ccache >/dev/null 2>&1 || true; }
+  if command -v ccache >/dev/null; then
+    export CCACHE_DIR=$root/build-py312/ccache CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
+    launcher=(--config-settings=cmake.define.CMAKE_C_COMPILER_LAUNCHER=ccache
+              --config-settings=cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  fi
+fi
 build_wheel() {  # $1: a Python with scikit-build-core
   "$1" -m pip wheel -q --no-build-isolation --no-deps --config-settings=cmake.define.OSFTRT_CUDA=OFF \
-    --config-settings="build-dir=$root/build-python/{wheel_tag}" -w "$wheels" .
+    "${launcher[@]}" --config-settings="build-dir=$venv/wheel-build/{wheel_tag}" -w "$wheels" .
 }
 build_wheel "$venv/bin/python"
-for v in ${OSFTRT_WHEELS:-}; do
+for v in $others; do
   p=$(pyenv_python "$v")
   [[ -n $p ]] || { echo "stage_integrations: no CPython $v under /root/.pyenv/versions" >&2; exit 1; }
   wv=$root/build-py${v//./}-wheel
   [[ -x $wv/bin/python ]] || "$p" -m venv "$wv"
-  "$wv/bin/python" -m pip install -q scikit-build-core
+  "$wv/bin/python" -m pip install -q scikit-build-core numpy
   build_wheel "$wv/bin/python"
+  # each wheel installs and runs in its own interpreter
+  "$wv/bin/python" -m pip install -q --force-reinstall --no-deps "$wheels"/osftrt-*-cp${v//./}-*.whl
+  (cd /tmp && "$wv/bin/python" -c "
+import numpy as np, osftrt, sys
+a = [np.random.default_rng(0).standard_normal((6, 4)).astype(np.float32)]
+q, r, st = osftrt.batched_qr(a)
+assert st == [0] and np.allclose(q[0] @ r[0], a[0], atol=1e-5), st
+print('stage_integrations: the cp%d%d wheel runs (osftrt %s)' % (sys.version_info[:2] + (osftrt.version(),)))")
 done
 ls "$wheels"
 wheel=$(ls "$wheels"/osftrt-*-cp312-*.whl)
