@@ -93,13 +93,14 @@ func DefaultContextOptions() ContextOptions {
 // Every other handle is made from one. Its methods and those of the handles
 // made from it are serialized by one mutex (the C thread rule).
 type Context struct {
-	mu       sync.Mutex
-	ptr      uintptr
-	children int
-	buf      *callBuf // its own (pointer-free) allocation: cgo checks it quickly
-	stage    []byte   // QR lists' Go-slice entries, staged (see qrList)
-	descs    []cDesc  // a QR list's descriptors (reused)
-	statuses []uint32 // a QR list's per-matrix statuses (reused)
+	mu        sync.Mutex
+	ptr       uintptr
+	children  int
+	buf       *callBuf // its own (pointer-free) allocation: cgo checks it quickly
+	stage     []byte   // QR lists' Go-slice entries, staged (see qrList)
+	descs     []cDesc  // a QR list's descriptors (reused)
+	statuses  []uint32 // a QR list's per-matrix statuses (reused)
+	rankFlags []int32  // a QR list's osft_qr_options_t.rank_deficient (reused)
 }
 
 // reuse returns the first n elements of *buf, reallocated when it is too

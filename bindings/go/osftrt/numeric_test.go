@@ -2,6 +2,7 @@ package osftrt_test
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand"
 	"strings"
@@ -1095,5 +1096,237 @@ func TestQRCholeskyTF32(t *testing.T) {
 	}
 	if e := relErr(a, matmul(Q, m, n, Rm, n, false)); e > 1e-5 {
 		t.Fatalf("Q R vs A: rel error %g", e)
+	}
+}
+
+// lowRank: an m x n matrix B C (B m x k and C k x n random, k < n): of rank
+// k in float64 arithmetic, and rank-deficient to working precision once
+// rounded to float32 (fp32: its values are rounded here).
+func lowRank(m, n, k int, fp32 bool) []float64 {
+	b, c := f64(rnd(m*k, 1)), f64(rnd(k*n, 1))
+	p := matmul(b, m, k, c, n, false)
+	for i := range p {
+		if fp32 {
+			p[i] = float64(float32(p[i]))
+		}
+	}
+	return p
+}
+
+// checkQR: Q (m x n) has orthonormal columns and, with R given, R is upper
+// triangular with diag(R) >= 0 and Q R = A, in float64, to tol relative to
+// max |A|.
+func checkQR(t *testing.T, what string, A, Q, R []float64, m, n int, tol float64) {
+	t.Helper()
+	qtq := matmul(transpose(Q, m, n), n, m, Q, n, false)
+	for i := 0; i < n; i++ {
+		for j := 0; j < n; j++ {
+			d := qtq[i*n+j]
+			if i == j {
+				d--
+			}
+			if math.IsNaN(d) || math.Abs(d) > tol {
+				t.Errorf("%s: (Q^T Q - I)[%d,%d] = %g", what, i, j, d)
+				return
+			}
+			if R != nil && (i > j && R[i*n+j] != 0 || i == j && !(R[i*n+j] >= 0)) {
+				t.Errorf("%s: R[%d,%d] = %g", what, i, j, R[i*n+j])
+				return
+			}
+		}
+	}
+	if R == nil {
+		return
+	}
+	qr, big, worst := matmul(Q, m, n, R, n, false), 0.0, 0.0
+	for i := range A {
+		big = math.Max(big, math.Abs(A[i]))
+		worst = math.Max(worst, math.Abs(qr[i]-A[i]))
+	}
+	if !(worst <= tol*big) {
+		t.Errorf("%s: max |Q R - A| = %g (max |A| %g)", what, worst, big)
+	}
+}
+
+// QROptions.RankDeficient: a rank-deficient matrix among full-rank ones (a
+// batch of fp64 and fp32, every method) is factored (Q orthonormal, Q R = A
+// in float64), reported for it alone, and not a failure; a NaN matrix
+// beside it still fails; without the option it fails alone as before, its
+// outputs untouched; power iteration on a singular factor likewise; a slice
+// of the wrong length is refused before anything is written.
+func TestQRRankDeficient(t *testing.T) {
+	ctx := newCtx(t)
+	defer ctx.Close()
+	type mat struct {
+		m, n, rank int
+		fp32       bool
+	}
+	list := []mat{{12, 5, 0, false}, {10, 6, 2, false}, {9, 4, 0, true}, {8, 8, 3, true}, {7, 3, 0, false}}
+	wantFlags := []bool{false, true, false, true, false}
+	for _, method := range []osftrt.QRMethod{osftrt.QRHouseholder, osftrt.QRCholeskyQR2, osftrt.QRCholeskyTF32} {
+		for _, factor := range []bool{true, false} {
+			var a, q, r []osftrt.Arg
+			var as []([]float64)
+			var q64, r64 [][]float64
+			var q32, r32 [][]float32
+			for _, s := range list {
+				var av []float64
+				if s.rank > 0 {
+					av = lowRank(s.m, s.n, s.rank, s.fp32)
+				} else {
+					av = f64(rnd(s.m*s.n, 1))
+				}
+				as = append(as, av)
+				if s.fp32 {
+					a32 := make([]float32, len(av))
+					for i, x := range av {
+						a32[i] = float32(x)
+					}
+					qv, rv := nan32(s.m*s.n), nan32(s.n*s.n)
+					q32, r32 = append(q32, qv), append(r32, rv)
+					q64, r64 = append(q64, nil), append(r64, nil)
+					a = append(a, osftrt.MustWrap(a32, int64(s.m), int64(s.n)))
+					q = append(q, osftrt.MustWrap(qv, int64(s.m), int64(s.n)))
+					r = append(r, osftrt.MustWrap(rv, int64(s.n), int64(s.n)))
+				} else {
+					qv, rv := f64(nan32(s.m*s.n)), f64(nan32(s.n*s.n))
+					q64, r64 = append(q64, qv), append(r64, rv)
+					q32, r32 = append(q32, nil), append(r32, nil)
+					a = append(a, osftrt.MustWrap(av, int64(s.m), int64(s.n)))
+					q = append(q, osftrt.MustWrap(qv, int64(s.m), int64(s.n)))
+					r = append(r, osftrt.MustWrap(rv, int64(s.n), int64(s.n)))
+				}
+			}
+			o := osftrt.DefaultQROptions()
+			o.Method = method
+			if factor {
+				o.RankDeficient = make([]bool, len(list))
+				for i := range o.RankDeficient {
+					o.RankDeficient[i] = !wantFlags[i] // poisoned: every entry must be written
+				}
+			}
+			name := func(k int) string { return fmt.Sprintf("method %d factor %v matrix %d", method, factor, k) }
+			st, err := osftrt.QRBatch(ctx, &o, a, q, r)
+			if factor {
+				if err != nil {
+					t.Fatalf("%s: %v %v", name(-1), st, err)
+				}
+				for k := range list {
+					if st[k] != osftrt.StatusSuccess || o.RankDeficient[k] != wantFlags[k] {
+						t.Errorf("%s: status %v, flag %v", name(k), st[k], o.RankDeficient[k])
+					}
+				}
+			} else {
+				if !errors.Is(err, osftrt.ErrNumericalError) {
+					t.Fatalf("%s: want ErrNumericalError, got %v %v", name(-1), st, err)
+				}
+				for k := range list {
+					want := osftrt.StatusSuccess
+					if wantFlags[k] {
+						want = osftrt.StatusNumericalError
+					}
+					if st[k] != want {
+						t.Errorf("%s: status %v, want %v", name(k), st[k], want)
+					}
+				}
+			}
+			for k, s := range list {
+				if !factor && wantFlags[k] { // failed: outputs untouched (still NaN)
+					untouched := true
+					if s.fp32 {
+						for _, v := range append(append([]float32(nil), q32[k]...), r32[k]...) {
+							untouched = untouched && math.IsNaN(float64(v))
+						}
+					} else {
+						for _, v := range append(append([]float64(nil), q64[k]...), r64[k]...) {
+							untouched = untouched && math.IsNaN(v)
+						}
+					}
+					if !untouched {
+						t.Errorf("%s: a failed matrix's outputs were written", name(k))
+					}
+					continue
+				}
+				tol := 1e-12
+				Q, R := q64[k], r64[k]
+				if s.fp32 {
+					tol = 2e-5
+					Q, R = f64(q32[k]), f64(r32[k])
+				}
+				checkQR(t, name(k), as[k], Q, R, s.m, s.n, tol)
+			}
+		}
+	}
+
+	// NaN beside a rank-deficient matrix: the NaN one still fails (flag
+	// false), the rank-deficient one is factored and flagged.
+	nanA, sing := f64(nan32(12)), lowRank(4, 3, 1, false)
+	qn, qs := f64(nan32(12)), f64(nan32(12))
+	o := osftrt.DefaultQROptions()
+	o.RankDeficient = []bool{true, false}
+	st, err := osftrt.QRBatch(ctx, &o, []osftrt.Arg{osftrt.MustWrap(nanA, 4, 3), osftrt.MustWrap(sing, 4, 3)},
+		[]osftrt.Arg{osftrt.MustWrap(qn, 4, 3), osftrt.MustWrap(qs, 4, 3)}, nil)
+	if !errors.Is(err, osftrt.ErrNumericalError) || st[0] != osftrt.StatusNumericalError ||
+		st[1] != osftrt.StatusSuccess || o.RankDeficient[0] || !o.RankDeficient[1] {
+		t.Fatalf("NaN beside rank-deficient: %v %v %v", st, o.RankDeficient, err)
+	}
+	checkQR(t, "beside NaN", sing, qs, nil, 4, 3, 1e-12)
+
+	// Power iteration on a singular factor (rank 2, 6 x 6; Q 6 x 3): the
+	// product A Q is rank-deficient. Without the option the pair fails with
+	// its Q unchanged; with it the new Q is orthonormal and spans A Q_0
+	// (Q Q^T (A Q_0) = A Q_0), and the pair is flagged; a full-rank pair
+	// beside it is not.
+	const m, n = 6, 3
+	sq, full := lowRank(m, m, 2, false), f64(rnd(m*m, 1))
+	q0, qf0 := f64(rnd(m*n, 1)), f64(rnd(m*n, 1))
+	for _, factor := range []bool{false, true} {
+		qv, qf := append([]float64(nil), q0...), append([]float64(nil), qf0...)
+		o := osftrt.DefaultQROptions()
+		if factor {
+			o.RankDeficient = make([]bool, 2)
+		}
+		st, err := osftrt.QRPowerIteration(ctx, &o, []osftrt.Arg{osftrt.MustWrap(sq, m, m), osftrt.MustWrap(full, m, m)},
+			[]osftrt.Arg{osftrt.MustWrap(qv, m, n), osftrt.MustWrap(qf, m, n)}, 1)
+		if !factor {
+			if !errors.Is(err, osftrt.ErrNumericalError) || st[0] != osftrt.StatusNumericalError || st[1] != osftrt.StatusSuccess {
+				t.Fatalf("power iteration without the option: %v %v", st, err)
+			}
+			for i := range qv {
+				if qv[i] != q0[i] {
+					t.Fatalf("power iteration: a failed pair's Q was written")
+				}
+			}
+			continue
+		}
+		if err != nil || st[0] != osftrt.StatusSuccess || st[1] != osftrt.StatusSuccess ||
+			!o.RankDeficient[0] || o.RankDeficient[1] {
+			t.Fatalf("power iteration with the option: %v %v %v", st, o.RankDeficient, err)
+		}
+		for p, c := range []struct{ A, Q0, Q []float64 }{{sq, q0, qv}, {full, qf0, qf}} {
+			checkQR(t, fmt.Sprintf("power iteration pair %d", p), nil, c.Q, nil, m, n, 1e-12)
+			aq := matmul(c.A, m, m, c.Q0, n, false)
+			proj := matmul(c.Q, m, n, matmul(transpose(c.Q, m, n), n, m, aq, n, false), n, false)
+			worst, big := 0.0, 0.0
+			for i := range aq {
+				worst, big = math.Max(worst, math.Abs(proj[i]-aq[i])), math.Max(big, math.Abs(aq[i]))
+			}
+			if !(worst <= 1e-12*big) {
+				t.Errorf("power iteration pair %d: |Q Q^T A Q0 - A Q0| = %g (max %g)", p, worst, big)
+			}
+		}
+	}
+
+	// A RankDeficient slice of the wrong length: refused, nothing written.
+	qv := f64(nan32(12))
+	o = osftrt.DefaultQROptions()
+	o.RankDeficient = []bool{true, true}
+	if _, err := osftrt.QRBatch(ctx, &o, []osftrt.Arg{osftrt.MustWrap(f64(rnd(12, 1)), 4, 3)},
+		[]osftrt.Arg{osftrt.MustWrap(qv, 4, 3)}, nil); !errors.Is(err, osftrt.ErrInvalidArgument) ||
+		!strings.Contains(err.Error(), "RankDeficient") {
+		t.Fatalf("wrong length: %v", err)
+	}
+	if !math.IsNaN(qv[0]) || !o.RankDeficient[0] || !o.RankDeficient[1] {
+		t.Fatalf("wrong length: something was written")
 	}
 }

@@ -22,12 +22,32 @@ var (
 )
 
 // QROptions (osft_qr_options_t); every default is 0: Householder, default
-// thresholds, default concurrency.
+// thresholds, default concurrency, rank-deficient matrices fail.
 type QROptions struct {
 	Method                 QRMethod
 	OrthogonalityThreshold float64
 	RankTolerance          float64
 	MaxConcurrency         int
+	// RankDeficient (osft_qr_options_t.rank_deficient, library 1.4.0) says
+	// what a matrix (power iteration: a product A_i Q_i at any iteration)
+	// that is rank-deficient to RankTolerance gets.
+	//
+	// nil, the default: it fails alone, StatusNumericalError in its entry
+	// of the returned statuses, its outputs untouched, and the call returns
+	// an error matching ErrNumericalError (the others are written).
+	//
+	// A slice of one bool per matrix (power iteration: per pair), which
+	// the call fills: such a matrix is factored anyway (Householder QR is
+	// defined for any finite matrix: Q orthonormal to working precision,
+	// Q R = A, diag(R) >= 0; the columns of Q beyond the numerical rank are
+	// an orthonormal complement that rounding chose), written, its status
+	// is StatusSuccess, and its entry is set to true; every other entry is
+	// set to false. Matrices with NaN or Inf, or whose result overflows,
+	// still fail (false here). The slice is written whenever the statuses
+	// are returned (success, or an error matching ErrNumericalError) and
+	// left as it was on any other error. A length other than the number of
+	// matrices is an ErrInvalidArgument before the call.
+	RankDeficient []bool
 }
 
 // DefaultQROptions returns the defaults of osft_qr_options_init.
@@ -80,6 +100,13 @@ func qrList(ctx *Context, op string, opts *QROptions, a, q, r []Arg, power int) 
 	}
 	if r != nil && len(r) != n {
 		return nil, errArg(op, "%d R entries for %d matrices", len(r), n)
+	}
+	var rankFlags []bool
+	if opts != nil && opts.RankDeficient != nil {
+		if len(opts.RankDeficient) != n {
+			return nil, errArg(op, "%d RankDeficient entries for %d matrices", len(opts.RankDeficient), n)
+		}
+		rankFlags = opts.RankDeficient
 	}
 	c, err := ctx.lock(op)
 	if err != nil {
@@ -163,8 +190,14 @@ func qrList(ctx *Context, op string, opts *QROptions, a, q, r []Arg, power int) 
 	if len(stage) > 0 {
 		stagePtr = unsafe.Pointer(&stage[0])
 	}
+	var flags []int32 // the C int array of osft_qr_options_t.rank_deficient
+	var flagsPtr unsafe.Pointer
+	if rankFlags != nil {
+		flags = reuse(&ctx.rankFlags, n+1)
+		flagsPtr = unsafe.Pointer(&flags[0])
+	}
 	st := capi.Osftgo_qr(uint64(c), int64(n), power, unsafe.Pointer(b),
-		unsafe.Pointer(&descs[0]), stagePtr, unsafe.Pointer(&status[0]))
+		unsafe.Pointer(&descs[0]), stagePtr, unsafe.Pointer(&status[0]), flagsPtr)
 	var res []Status
 	if st == capi.OSFT_STATUS_SUCCESS || Status(st) == StatusNumericalError {
 		for _, k := range outs {
@@ -173,6 +206,9 @@ func qrList(ctx *Context, op string, opts *QROptions, a, q, r []Arg, power int) 
 		res = make([]Status, n)
 		for i := range res {
 			res[i] = Status(status[i])
+		}
+		for i := range rankFlags {
+			rankFlags[i] = flags[i] != 0
 		}
 	}
 	if st != capi.OSFT_STATUS_SUCCESS {
@@ -185,11 +221,22 @@ func qrList(ctx *Context, op string, opts *QROptions, a, q, r []Arg, power int) 
 // row-major). q nil writes each Q over its A (in place); r nil, or nil
 // entries, skip R. Returns the per-matrix statuses; on a per-matrix
 // failure the error matches ErrNumericalError and the others are written.
+// A matrix that is rank-deficient to opts.RankTolerance is such a failure
+// unless opts.RankDeficient is given, which asks to factor it and report
+// it there:
+//
+//	o := osftrt.DefaultQROptions()
+//	o.RankDeficient = make([]bool, len(a))
+//	st, err := osftrt.QRBatch(ctx, &o, a, q, r) // o.RankDeficient[i]: factored although singular
 func QRBatch(ctx *Context, opts *QROptions, a, q, r []Arg) ([]Status, error) {
 	return qrList(ctx, "QRBatch", opts, a, q, r, 0)
 }
 
 // QRPowerIteration runs Q_i <- qr(A_i Q_i) `iterations` times (q in place).
+// A pair fails alone (its Q_i unchanged) if A_i or Q_i has NaN or Inf, or if
+// a product A_i Q_i overflows or is rank-deficient; with opts.RankDeficient
+// given, a rank-deficient product is factored instead and the pair flagged
+// there (SOAP/Shampoo preconditioner factors are often singular).
 func QRPowerIteration(ctx *Context, opts *QROptions, a, q []Arg, iterations int) ([]Status, error) {
 	if iterations < 1 {
 		return nil, errArg("QRPowerIteration", "iterations %d < 1", iterations)

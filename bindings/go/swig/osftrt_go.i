@@ -107,7 +107,7 @@ static osft_status_t osftgo_fail(osftgo_call_t *c, osft_status_t st, const char 
 %apply void *GOMEM { void *call, void *g0, void *g1, void *g2, void *g3, void *g4, void *g5,
                      void *g6, void *g7, void *g8, void *g9, void *g10, void *g11, void *g12,
                      void *g13, void *g14, void *g15, void *g16, void *g17, void *g18,
-                     void *g19, void *status };
+                     void *g19, void *status, void *flags };
 
 %inline %{
 /* The operations of osftgo_call (Go sees them as capi.OSFTGO_*). */
@@ -387,9 +387,11 @@ osft_status_t osftgo_call(int op, void *call, void *g0, void *g1, void *g2, void
  * The options come by value in the call buffer (no C struct to build from
  * Go): i[0] != 0 means given, i[1] the method, i[2] max_concurrency, h[0]
  * and h[1] the bits of orthogonality_threshold and rank_tolerance.
- * status: `count` int32 (Go memory). */
+ * status: `count` int32 (Go memory). flags: NULL, or `count` int32 (Go
+ * memory, only with options given) that become
+ * osft_qr_options_t.rank_deficient for this call. */
 osft_status_t osftgo_qr(uintptr_t ctx, int64_t count, int power, void *call, void *g0,
-                        void *g1, void *status) {
+                        void *g1, void *status, void *flags) {
   osftgo_call_t *c = (osftgo_call_t *)call;
   const osftgo_desc_t *d = (const osftgo_desc_t *)g0;
   char *stage = (char *)g1;
@@ -402,6 +404,7 @@ osft_status_t osftgo_qr(uintptr_t ctx, int64_t count, int power, void *call, voi
     o.max_concurrency = (int)c->i[2];
     memcpy(&o.orthogonality_threshold, &c->h[0], sizeof(double));
     memcpy(&o.rank_tolerance, &c->h[1], sizeof(double));
+    o.rank_deficient = (int *)flags; /* NULL unless QROptions.RankDeficient */
     opts = &o;
   }
   size_t n = (size_t)count;

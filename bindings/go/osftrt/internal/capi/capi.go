@@ -281,7 +281,7 @@ extern swig_type_1 _wrap_osftgo_layout_capi_osftrt(swig_intgo arg1);
 extern swig_type_2 _wrap_osftgo_alloc_capi_osftrt(swig_type_3 arg1);
 extern void _wrap_osftgo_free_capi_osftrt(swig_type_4 arg1);
 extern swig_intgo _wrap_osftgo_call_capi_osftrt(swig_intgo arg1, swig_voidp arg2, swig_voidp arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_voidp arg7, swig_voidp arg8, swig_voidp arg9, swig_voidp arg10, swig_voidp arg11, swig_voidp arg12, swig_voidp arg13, swig_voidp arg14, swig_voidp arg15, swig_voidp arg16, swig_voidp arg17, swig_voidp arg18, swig_voidp arg19, swig_voidp arg20, swig_voidp arg21, swig_voidp arg22);
-extern swig_intgo _wrap_osftgo_qr_capi_osftrt(swig_type_5 arg1, swig_type_6 arg2, swig_intgo arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_voidp arg7);
+extern swig_intgo _wrap_osftgo_qr_capi_osftrt(swig_type_5 arg1, swig_type_6 arg2, swig_intgo arg3, swig_voidp arg4, swig_voidp arg5, swig_voidp arg6, swig_voidp arg7, swig_voidp arg8);
 extern swig_intgo _wrap_kDLCPU_capi_osftrt(void);
 extern swig_intgo _wrap_kDLCUDA_capi_osftrt(void);
 extern swig_intgo _wrap_kDLCUDAHost_capi_osftrt(void);
@@ -1291,7 +1291,7 @@ func Osftgo_call(arg1 int, arg2 unsafe.Pointer, arg3 unsafe.Pointer, arg4 unsafe
 	return swig_r
 }
 
-func Osftgo_qr(arg1 uint64, arg2 int64, arg3 int, arg4 unsafe.Pointer, arg5 unsafe.Pointer, arg6 unsafe.Pointer, arg7 unsafe.Pointer) (_swig_ret Enum_SS_osft_status_e) {
+func Osftgo_qr(arg1 uint64, arg2 int64, arg3 int, arg4 unsafe.Pointer, arg5 unsafe.Pointer, arg6 unsafe.Pointer, arg7 unsafe.Pointer, arg8 unsafe.Pointer) (_swig_ret Enum_SS_osft_status_e) {
 	var swig_r Enum_SS_osft_status_e
 	_swig_i_0 := arg1
 	_swig_i_1 := arg2
@@ -1300,7 +1300,8 @@ func Osftgo_qr(arg1 uint64, arg2 int64, arg3 int, arg4 unsafe.Pointer, arg5 unsa
 	_swig_i_4 := arg5
 	_swig_i_5 := arg6
 	_swig_i_6 := arg7
-	swig_r = (Enum_SS_osft_status_e)(C._wrap_osftgo_qr_capi_osftrt(C.swig_type_5(_swig_i_0), C.swig_type_6(_swig_i_1), C.swig_intgo(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_voidp(_swig_i_6)))
+	_swig_i_7 := arg8
+	swig_r = (Enum_SS_osft_status_e)(C._wrap_osftgo_qr_capi_osftrt(C.swig_type_5(_swig_i_0), C.swig_type_6(_swig_i_1), C.swig_intgo(_swig_i_2), C.swig_voidp(_swig_i_3), C.swig_voidp(_swig_i_4), C.swig_voidp(_swig_i_5), C.swig_voidp(_swig_i_6), C.swig_voidp(_swig_i_7)))
 	return swig_r
 }
 

@@ -595,9 +595,11 @@ osft_status_t osftgo_call(int op, void *call, void *g0, void *g1, void *g2, void
  * The options come by value in the call buffer (no C struct to build from
  * Go): i[0] != 0 means given, i[1] the method, i[2] max_concurrency, h[0]
  * and h[1] the bits of orthogonality_threshold and rank_tolerance.
- * status: `count` int32 (Go memory). */
+ * status: `count` int32 (Go memory). flags: NULL, or `count` int32 (Go
+ * memory, only with options given) that become
+ * osft_qr_options_t.rank_deficient for this call. */
 osft_status_t osftgo_qr(uintptr_t ctx, int64_t count, int power, void *call, void *g0,
-                        void *g1, void *status) {
+                        void *g1, void *status, void *flags) {
   osftgo_call_t *c = (osftgo_call_t *)call;
   const osftgo_desc_t *d = (const osftgo_desc_t *)g0;
   char *stage = (char *)g1;
@@ -610,6 +612,7 @@ osft_status_t osftgo_qr(uintptr_t ctx, int64_t count, int power, void *call, voi
     o.max_concurrency = (int)c->i[2];
     memcpy(&o.orthogonality_threshold, &c->h[0], sizeof(double));
     memcpy(&o.rank_tolerance, &c->h[1], sizeof(double));
+    o.rank_deficient = (int *)flags; /* NULL unless QROptions.RankDeficient */
     opts = &o;
   }
   size_t n = (size_t)count;
@@ -1383,7 +1386,7 @@ intgo _wrap_osftgo_call_capi_osftrt(intgo _swig_go_0, void *_swig_go_1, void *_s
 }
 
 
-intgo _wrap_osftgo_qr_capi_osftrt(long long _swig_go_0, long long _swig_go_1, intgo _swig_go_2, void *_swig_go_3, void *_swig_go_4, void *_swig_go_5, void *_swig_go_6) {
+intgo _wrap_osftgo_qr_capi_osftrt(long long _swig_go_0, long long _swig_go_1, intgo _swig_go_2, void *_swig_go_3, void *_swig_go_4, void *_swig_go_5, void *_swig_go_6, void *_swig_go_7) {
   uintptr_t arg1 ;
   int64_t arg2 ;
   int arg3 ;
@@ -1391,6 +1394,7 @@ intgo _wrap_osftgo_qr_capi_osftrt(long long _swig_go_0, long long _swig_go_1, in
   void *arg5 = (void *) 0 ;
   void *arg6 = (void *) 0 ;
   void *arg7 = (void *) 0 ;
+  void *arg8 = (void *) 0 ;
   osft_status_t result;
   intgo _swig_go_result;
   
@@ -1401,8 +1405,9 @@ intgo _wrap_osftgo_qr_capi_osftrt(long long _swig_go_0, long long _swig_go_1, in
   arg5 = *(void **)&_swig_go_4; 
   arg6 = *(void **)&_swig_go_5; 
   arg7 = *(void **)&_swig_go_6; 
+  arg8 = *(void **)&_swig_go_7; 
   
-  result = (osft_status_t)osftgo_qr(arg1,arg2,arg3,arg4,arg5,arg6,arg7);
+  result = (osft_status_t)osftgo_qr(arg1,arg2,arg3,arg4,arg5,arg6,arg7,arg8);
   _swig_go_result = (intgo)result; 
   return _swig_go_result;
 }
