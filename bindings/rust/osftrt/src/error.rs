@@ -129,6 +129,7 @@ struct Inner {
     status: Status,
     message: String,
     failed: Vec<usize>,
+    rank_deficient: Vec<usize>,
 }
 
 impl Error {
@@ -138,6 +139,7 @@ impl Error {
             status,
             message: message.into(),
             failed: Vec::new(),
+            rank_deficient: Vec::new(),
         }))
     }
 
@@ -158,6 +160,11 @@ impl Error {
         self
     }
 
+    pub(crate) fn with_rank_deficient(mut self, rank_deficient: Vec<usize>) -> Error {
+        self.0.rank_deficient = rank_deficient;
+        self
+    }
+
     /// Why the call failed.
     pub fn status(&self) -> Status {
         self.0.status
@@ -172,6 +179,14 @@ impl Error {
     /// indices of the matrices that failed (the others were computed).
     pub fn failed_indices(&self) -> &[usize] {
         &self.0.failed
+    }
+
+    /// For batched QR calls with [`crate::RankDeficient::Factor`] that
+    /// returned [`Status::NumericalError`]: the indices of the matrices
+    /// that were rank-deficient and factored anyway (written, not failed),
+    /// as [`crate::QrReport::rank_deficient`] gives them on success.
+    pub fn rank_deficient_indices(&self) -> &[usize] {
+        &self.0.rank_deficient
     }
 }
 

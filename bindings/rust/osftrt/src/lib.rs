@@ -129,7 +129,7 @@ pub use projection::{
     Arithmetic, PartTarget, ProjectionGrads, Projector, ProjectorInfo, ProjectorOptions,
     ShardLayout, Target,
 };
-pub use qr::{QrMethod, QrOptions};
+pub use qr::{QrMethod, QrOptions, QrReport, RankDeficient};
 pub use tensor::{Bf16, DType, Device, Element, Tensor, TensorMut, MAX_DIMS};
 pub use version::{
     build_info, check_library_version, has_feature, set_log_callback, version, version_string,
