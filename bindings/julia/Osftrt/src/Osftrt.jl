@@ -596,7 +596,8 @@ const _QR_METHODS = Dict(:householder => L.OSFT_QR_HOUSEHOLDER,
                          :cholesky_tf32 => L.OSFT_QR_CHOLESKY_TF32)
 
 """
-    qr_batch!(ctx, as; q = nothing, r = nothing, method = :householder, options...)
+    qr_batch!(ctx, as; q = nothing, r = nothing, method = :householder,
+              rank_deficient = nothing, options...)
 
 `osft_qr_batch` over the list `as` (row-major `m x n` matrices, `m >= n`,
 Float32 or Float64; use `cview`). `q === nothing` factors in place; `r` is
@@ -606,27 +607,56 @@ Float32 matrices, CholeskyQR2 for Float64) or an `osft_qr_method_t`; the
 other keyword arguments are fields of `osft_qr_options_t`. Returns the
 per-matrix statuses; throws `Osftrt.NumericalError` when a matrix failed
 (the others are written) and the other exceptions before writing anything.
+
+`rank_deficient` (`osft_qr_options_t.rank_deficient`, library 1.4):
+`nothing` (the default): a matrix that is rank-deficient to `rank_tolerance`
+fails like a non-finite one (its outputs untouched, `NumericalError`
+thrown). A `Bool` vector of `length(as)` (e.g. `falses(length(as))`): such
+a matrix is factored anyway (Householder QR is defined for any finite
+matrix: `Q` orthonormal to working precision, `Q R = A`, `diag(R) >= 0`;
+the columns of `Q` beyond the numerical rank are an orthonormal complement
+that rounding chose), written, not a failure, and its entry is set to
+`true`; every other entry is set to `false`. Matrices with NaN or Inf, or
+whose result overflows, still fail. The vector is written whenever the
+statuses are (also when `NumericalError` is thrown for another matrix).
+
+```julia
+flags = falses(length(as))
+qr_batch!(ctx, as; q = qs, rank_deficient = flags)   # flags[i]: factored although singular
+```
 """
 function qr_batch!(ctx::Context, as::AbstractVector; q = nothing, r = nothing,
-                   method = L.OSFT_QR_HOUSEHOLDER, kwargs...)
+                   method = L.OSFT_QR_HOUSEHOLDER, rank_deficient = nothing, kwargs...)
     n = length(as)
+    for (name, v) in ((:q, q), (:r, r), (:rank_deficient, rank_deficient))
+        v === nothing || length(v) == n ||
+            throw(ArgumentError("qr_batch!: $(length(v)) $name entries for $n matrices"))
+    end
     ta = Tensor[Tensor(a) for a in as]
     tq = q === nothing ? nothing : Tensor[Tensor(x) for x in q]
     tr = r === nothing ? nothing : Any[_t(x) for x in r]
-    opts = Ref(L.osft_qr_options_t(; method = _enum(_QR_METHODS, method), kwargs...))
     status = fill(L.OSFT_STATUS_INTERNAL_ERROR, n)
-    GC.@preserve ta tq tr status begin
+    flags = zeros(Cint, max(n, 1))  # the C int array of rank_deficient
+    st = GC.@preserve ta tq tr status flags begin
+        opts = Ref(L.osft_qr_options_t(; method = _enum(_QR_METHODS, method), kwargs...,
+                                       rank_deficient = rank_deficient === nothing ?
+                                                        Ptr{Cint}(C_NULL) : pointer(flags)))
         pa = Ptr{L.DLTensor}[_p(t) for t in ta]
         pq = tq === nothing ? Ptr{L.DLTensor}[] : Ptr{L.DLTensor}[_p(t) for t in tq]
         pr = tr === nothing ? Ptr{L.DLTensor}[] : Ptr{L.DLTensor}[_p(t) for t in tr]
-        GC.@preserve pa pq pr begin
-            st = L.osft_qr_batch(_ptr(ctx), opts, Csize_t(n), pointer(pa),
-                                 tq === nothing ? Ptr{Ptr{L.DLTensor}}(C_NULL) : pointer(pq),
-                                 tr === nothing ? Ptr{Ptr{L.DLTensor}}(C_NULL) : pointer(pr),
-                                 pointer(status))
-            check(st)
+        GC.@preserve pa pq pr L.osft_qr_batch(
+            _ptr(ctx), opts, Csize_t(n), pointer(pa),
+            tq === nothing ? Ptr{Ptr{L.DLTensor}}(C_NULL) : pointer(pq),
+            tr === nothing ? Ptr{Ptr{L.DLTensor}}(C_NULL) : pointer(pr),
+            pointer(status))
+    end
+    if rank_deficient !== nothing &&
+       (st == L.OSFT_STATUS_SUCCESS || st == L.OSFT_STATUS_NUMERICAL_ERROR)
+        for i in 1:n
+            rank_deficient[i] = flags[i] != 0
         end
     end
+    check(st)
     return status
 end
 

@@ -303,6 +303,58 @@ end
     @test_throws ArgumentError qr_batch!(ctx, [cview(As[1])]; method = :givens)
 end
 
+@testset "batched QR: rank_deficient (library 1.4)" begin
+    @test L.osft_qr_options_t().rank_deficient == C_NULL       # the default: fail
+    # C's m x n matrix B C (B m x k, C k x n; k = 0: full rank), Float64:
+    # rank k in float64 arithmetic, rank-deficient to working precision.
+    cmat(m, n, k) = k > 0 ? rnd(Float64, m, k) * rnd(Float64, k, n) : rnd(Float64, m, n)
+    # (m, n, rank (0: full), element type)
+    specs = [(12, 5, 0, Float64), (10, 6, 2, Float64), (9, 4, 0, Float32),
+             (8, 8, 3, Float32), (7, 3, 0, Float64)]
+    deficient = [k > 0 for (m, n, k, T) in specs]
+    for method in (:householder, :cholesky_qr2, :cholesky_tf32), factor in (true, false)
+        As = [T.(permutedims(cmat(m, n, k))) for (m, n, k, T) in specs]  # stored n x m
+        Qs = [fill(T(NaN), n, m) for (m, n, k, T) in specs]
+        Rs = [fill(T(NaN), n, n) for (m, n, k, T) in specs]
+        kw = (q = [cview(Q) for Q in Qs], r = [cview(R) for R in Rs], method = method)
+        if factor
+            flags = .!deficient                 # poisoned: every entry must be written
+            st = qr_batch!(ctx, [cview(A) for A in As]; kw..., rank_deficient = flags)
+            @test all(==(L.OSFT_STATUS_SUCCESS), st)
+            @test flags == deficient
+        else                                    # without it: the old failure
+            @test_throws Osftrt.NumericalError qr_batch!(ctx, [cview(A) for A in As]; kw...)
+        end
+        for (i, (A, Q, R)) in enumerate(zip(As, Qs, Rs))
+            if !factor && deficient[i]          # failed: outputs untouched
+                @test all(isnan, Q) && all(isnan, R)
+                continue
+            end
+            tol = eltype(A) == Float32 ? 1e-5 : 1e-12
+            Ac, Qc, Rc = Float64.(cview(A)), Float64.(cview(Q)), Float64.(cview(R))
+            @test maximum(abs.(Qc' * Qc - I)) <= tol
+            @test maximum(abs.(Qc * Rc - Ac)) <= tol * maximum(abs.(Ac)) * size(Rc, 1)
+            @test istriu(Rc) && all(diag(Rc) .>= 0)
+        end
+    end
+    # NaN beside a rank-deficient matrix: it still fails (flag false); the
+    # other one is factored and flagged.
+    nanA, sing = fill(NaN, 3, 4), permutedims(cmat(4, 3, 1))
+    Qn, Qs1 = fill(NaN, 3, 4), fill(NaN, 3, 4)
+    flags = [true, false]
+    @test_throws Osftrt.NumericalError qr_batch!(ctx, [cview(nanA), cview(sing)];
+                                                 q = [cview(Qn), cview(Qs1)], rank_deficient = flags)
+    @test flags == [false, true]
+    @test all(isnan, Qn)
+    Qc, Sc = collect(cview(Qs1)), collect(cview(sing))
+    @test maximum(abs.(Qc' * Qc - I)) <= 1e-12
+    @test maximum(abs.(Qc * (Qc' * Sc) - Sc)) <= 1e-12 * maximum(abs.(Sc))
+    # A vector of the wrong length: refused before anything is written.
+    Q2 = fill(NaN, 3, 4)
+    @test_throws ArgumentError qr_batch!(ctx, [cview(sing)]; q = [cview(Q2)], rank_deficient = falses(2))
+    @test all(isnan, Q2)
+end
+
 close(ctx)
 close(ctx)
 @test !isopen(ctx)
