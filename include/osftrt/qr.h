@@ -69,12 +69,12 @@
  *
  * @par Execution
  * Execution: matrices are grouped by dtype and shape and spread over
- * several workers (opts->max_concurrency): threads on the CPU, CUDA
- * streams (each with its own cuBLAS and cuSOLVER handle) on a GPU. The
- * result for a matrix does not depend on the other matrices of the list,
- * on their order, or on how many workers ran (except that with one worker
- * on the CPU, OpenBLAS may itself use several threads, which can change
- * the last bits).
+ * several workers (opts->max_concurrency): threads of the library's pool on
+ * the CPU, CUDA streams (each with its own cuBLAS and cuSOLVER handle) on a
+ * GPU. The result for a matrix does not depend on the other matrices of the
+ * list, on their order, or on how many workers ran (except that with one
+ * worker on the CPU the BLAS engine runs at the library's thread count
+ * rather than on one thread, which can change the last bits).
  *
  * @par Per-matrix failures
  * A matrix that contains NaN or Inf, that is
@@ -94,17 +94,26 @@
  * and overflow remain failures.
  *
  * @par Threading and streams
- * Like every operation, a call uses its context
- * from one thread at a time. On the CPU the call runs its workers on
- * threads of its own and, while they run, sets OpenBLAS's (process-wide)
- * thread count to 1 so that they do not oversubscribe the cores; the count
- * is restored when the last concurrent QR call on any context returns.
- * Other OpenBLAS work that runs in the process meanwhile runs on one
- * thread. After a multithreaded BLAS call, OpenBLAS's idle threads
- * busy-wait for a while (2^28 cycles, ~0.1 s, unless the environment sets
+ * Like every operation, a call uses its context from one thread at a time.
+ * On the CPU the workers run on the library's persistent thread pool (the
+ * process-wide count of osft_set_num_threads(), context.h; no thread is
+ * created per call): they are the parts of one pool job, each taking the
+ * next matrix (largest first) whenever it is free, and the calling thread
+ * works as one of them. If the pool is busy (a call on another context from
+ * another thread), the calling thread runs every worker's share itself, one
+ * after another. While a call with more than one worker runs, the BLAS
+ * engine (OpenBLAS or oneMKL) is held at one thread, since the workers are
+ * the threads (the engine's count is process-wide, so other BLAS work in the
+ * process meanwhile runs on one thread too); when the last such QR call on
+ * any context returns, the engine gets the library's count back, including a
+ * count set meanwhile. With one worker (max_concurrency 1, one matrix, or a
+ * workspace limit that fits only one) the matrices run one after another on
+ * the calling thread, each with the engine at the library's count. After a
+ * multithreaded BLAS call, OpenBLAS's own idle threads keep polling for a
+ * while (2^28 cycles, ~0.1 s, unless the environment sets
  * OPENBLAS_THREAD_TIMEOUT) and compete with the workers for the cores: on
- * two cores that made a call right after a large GEMM up to ~1.4x slower;
- * OPENBLAS_THREAD_TIMEOUT=4 avoids it.
+ * two cores that made a QR call right after a large GEMM up to ~1.4x slower
+ * (measured with 1.3.0); OPENBLAS_THREAD_TIMEOUT=4 avoids it.
  *
  * On CUDA the workers' streams wait for the context's stream on entry and
  * the context's stream waits for them on exit; the call then waits for the
@@ -203,9 +212,10 @@ typedef struct osft_qr_options_s {
   double rank_tolerance;
   /** The most workers (CPU threads, CUDA streams) one call uses; never more
    * than the number of matrices. 0 means the default: on the CPU the
-   * number of threads OpenBLAS is configured for (OPENBLAS_NUM_THREADS, or
-   * the cores), on CUDA 8. 1 runs the matrices one after another (on the
-   * CPU with OpenBLAS's own threading). Must be >= 0. */
+   * library's thread count (osft_get_num_threads(): the count set with
+   * osft_set_num_threads(), else the environment's, else the CPUs'), on
+   * CUDA 8. 1 runs the matrices one after another (on the CPU with the BLAS
+   * engine at the library's thread count). Must be >= 0. */
   int max_concurrency;
   /** (since 1.4) What a rank-deficient matrix gets. NULL (the default, and
    * what callers built against older headers pass): it is a per-matrix
