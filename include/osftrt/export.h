@@ -44,7 +44,7 @@
 /** @brief The major version of the headers. */
 #define OSFT_VERSION_MAJOR 1
 /** @brief The minor version of the headers. */
-#define OSFT_VERSION_MINOR 3
+#define OSFT_VERSION_MINOR 4
 /** @brief The patch version of the headers. */
 #define OSFT_VERSION_PATCH 0
 /** @} */

@@ -16,9 +16,9 @@ const libosftrt = get(ENV, "OSFTRT_LIBRARY", "libosftrt.so.1")
 
 # ---- integer macros ----------------------------------------------------------
 const OSFT_VERSION_MAJOR = 1  # include/osftrt/export.h
-const OSFT_VERSION_MINOR = 3  # include/osftrt/export.h
+const OSFT_VERSION_MINOR = 4  # include/osftrt/export.h
 const OSFT_VERSION_PATCH = 0  # include/osftrt/export.h
-const OSFT_VERSION_NUMBER = 10300  # include/osftrt/export.h
+const OSFT_VERSION_NUMBER = 10400  # include/osftrt/export.h
 const DLPACK_VERSION = 60  # dlpack.h
 const OSFT_NCCL_UNIQUE_ID_BYTES = 128  # include/osftrt/comm.h
 const OSFT_FLCE_ACCUMULATE_GRAD_X = UInt32(0x1)  # include/osftrt/flce.h

@@ -1773,7 +1773,7 @@ type DLManagedTensor interface {
 }
 
 const OSFT_VERSION_MAJOR int = 1
-const OSFT_VERSION_MINOR int = 3
+const OSFT_VERSION_MINOR int = 4
 const OSFT_VERSION_PATCH int = 0
 
 func _swig_getOSFT_VERSION_NUMBER() (_swig_ret int) {

@@ -2081,7 +2081,7 @@ intgo _wrap_OSFT_VERSION_NUMBER_capi_osftrt() {
   intgo _swig_go_result;
   
   
-  result = (int)((1*10000+3*100+0));
+  result = (int)((1*10000+4*100+0));
   _swig_go_result = result; 
   return _swig_go_result;
 }
