@@ -124,13 +124,14 @@
  *
  * @par The default plan on the CPU
  * With memory_budget 0 on a CPU context the chunk buffers are those of the
- * CUDA default below (room for 512 token rows, or 16 M H bytes), but at
- * most 32 times x's bytes or 8 MiB, whichever is larger, so that small
- * batches take small scratch too (after 1.3.0, whose default made room
- * for 512 token rows: the whole M x V logits block at small M). Such
- * budgets would make the token plan re-read and re-write grad_W once per
- * small chunk, so a call that overwrites an fp32 compact grad_weight (its
- * accumulate bit clear) on one rank keeps logits in grad_weight's own
+ * CUDA default below (room for 512 token rows, or 16 M H bytes), but, for
+ * a call that can keep its logits in grad_weight (below) or asks for no
+ * gradient, at most 32 times x's bytes or 8 MiB, whichever is larger, so
+ * that small batches take small scratch too (after 1.3.0, whose default
+ * made room for 512 token rows: the whole M x V logits block at small M).
+ * Such budgets would make the token plan re-read and re-write grad_W once
+ * per small chunk, so a call that overwrites an fp32 compact grad_weight
+ * (its accumulate bit clear) on one rank keeps logits in grad_weight's own
  * V x H floats instead: the M x Vp logits of up to V H / Vp ~ H rows,
  * computed slice by slice into it (three GEMMs, nothing recomputed), then
  * from the last slice to the first the gradient, grad_x += g W[slice] and
@@ -147,9 +148,12 @@
  * default budget also at a tie (within 1%) with a plan of more than 8 MiB
  * of scratch (it takes the least); never with chunking TOKENS, a chunk_rows
  * below M or a slice_cols that is not a multiple of 16; with chunking VOCAB
- * only when it keeps all M rows. An accumulated grad_weight (micro-batches
- * after the first) cannot lend its memory: pass the accumulate bit clear on
- * the first micro-batch, whose call then overwrites (zeroes) it. CUDA
+ * only when it keeps all M rows. A call without gradients runs in
+ * vocabulary slices (one GEMM either way). A frozen head (grad_x without
+ * grad_weight), an accumulated or bf16 grad_weight, or chunking TOKENS keep
+ * the 1.3.0 default (small token chunks would cost up to 20%): an
+ * accumulating trainer passes the accumulate bit clear on its first
+ * micro-batch, whose call then overwrites (zeroes) grad_weight. CUDA
  * contexts keep the 1.3.0 default (below).
  *
  * @par Precision

@@ -24,8 +24,9 @@ constexpr size_t kDefaultChunkBytes = size_t{1} << 30;
 constexpr size_t kDefaultLogitsPerX = 4;
 constexpr size_t kDefaultFloorRows = 512;
 /* The default chunk buffers on the CPU (after 1.3.0): the 1.3.0 default
- * above, but at most kDefaultXMultiple x x's bytes or
- * kDefaultMinChunkBytes, whichever is larger. Small batches then take the
+ * above, but where the in-place plan applies or no gradient is asked for,
+ * at most kDefaultXMultiple x x's bytes or kDefaultMinChunkBytes, whichever
+ * is larger. Small batches then take the
  * in-place plan (their logits in grad_weight's buffer: no chunk buffers)
  * or small chunks; large ones what they took. 16 x x's bytes left GPT-2
  * and SmolLM2 at 1024 tokens 5% slower than the whole logits block (one
@@ -340,14 +341,24 @@ size_t token_row_bytes(const Flce &f, const FlceCall &c) {
          (widens(f, c) ? static_cast<size_t>(c.h) * sizeof(float) : 0);
 }
 
-/* The chunk buffers of the default budget: on CUDA see kDefaultChunkBytes;
- * on the CPU see kDefaultMinChunkBytes. */
+/* The chunk buffers of the default budget: see kDefaultChunkBytes, and on
+ * the CPU kDefaultMinChunkBytes. */
+bool in_place_fits(const Flce &f, const FlceCall &c);
+
 size_t default_chunk_bytes(const Flce &f, const FlceCall &c, size_t per_row) {
   const size_t m = static_cast<size_t>(c.m), h = static_cast<size_t>(c.h);
   const size_t by_x = kDefaultLogitsPerX * m * h * sizeof(float);
   const size_t floor = kDefaultFloorRows * per_row;
   const size_t former = std::min(kDefaultChunkBytes, std::max(by_x, floor));
-  if (on_cuda(*f.ctx)) return former;
+  /* the cap where small scratch costs no time: the logits kept in
+   * grad_weight, or a call without gradients (vocabulary slices, each
+   * slice's logits computed once); not for a frozen head's grad_x alone
+   * (GPT-2 at 256 tokens: 3 token chunks, 1.195x the whole block) nor an
+   * accumulated or bf16 grad_weight, nor token chunks forced */
+  if (on_cuda(*f.ctx) ||
+      (c.want_grad() &&
+       (!in_place_fits(f, c) || f.opts.chunking == OSFT_FLCE_CHUNKING_TOKENS)))
+    return former;
   const size_t x_bytes = m * h * osfti_dtype_size(c.x.dtype);
   return std::min(former, std::max(kDefaultMinChunkBytes, kDefaultXMultiple * x_bytes));
 }

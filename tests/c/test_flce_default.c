@@ -95,6 +95,10 @@ static void shape_call_free(shape_call *s) {
   for (int i = 0; i < 5; ++i) free(s->bufs[i]);
 }
 
+/* What plan_at() asks for: loss, grad_x and grad_W (default), no grad_W
+ * (a frozen head), or the loss alone. */
+static enum { PLAN_ALL, PLAN_NO_DW, PLAN_LOSS } plan_outputs = PLAN_ALL;
+
 /* The plan of loss + grad_x + grad_W (accumulate: the accumulate bits) at
  * M x H x V with the handle's options `o` (NULL: the defaults). */
 static osft_flce_plan_t plan_at(osft_context_t ctx, int64_t m, int64_t h, int64_t v,
@@ -112,7 +116,9 @@ static osft_flce_plan_t plan_at(osft_context_t ctx, int64_t m, int64_t h, int64_
   in.targets = &s.y;
   out.loss = &s.loss;
   out.grad_x = &s.dx;
-  out.grad_weight = &s.dw;
+  out.grad_weight =
+      plan_outputs == PLAN_NO_DW || plan_outputs == PLAN_LOSS ? NULL : &s.dw;
+  out.grad_x = plan_outputs == PLAN_LOSS ? NULL : &s.dx;
   out.accumulate = accumulate;
   osft_flce_plan_t p;
   assert_ok(OSFT_FLCE_PLAN_INIT(&p));
@@ -222,11 +228,11 @@ static void test_when_logits_are_kept(void **state) {
   plan_at(CTX, m, h, v, &o, 0);
   assert_true(plan_keeps());
   o.chunk_rows = 0;
-  o.chunking = OSFT_FLCE_CHUNKING_TOKENS;
+  o.chunking = OSFT_FLCE_CHUNKING_TOKENS; /* the 1.3.0 default: the whole block */
   p = plan_at(CTX, m, h, v, &o, 0);
   assert_false(plan_keeps());
   assert_int_equal(p.chunking, OSFT_FLCE_CHUNKING_TOKENS);
-  assert_true(p.scratch_bytes <= default_bound(m, h));
+  assert_int_equal(p.chunks, 1);
   o.chunking = OSFT_FLCE_CHUNKING_VOCAB; /* the in-place plan is a vocabulary plan */
   plan_at(CTX, m, h, v, &o, 0);
   assert_true(plan_keeps());
@@ -248,6 +254,20 @@ static void test_when_logits_are_kept(void **state) {
   o.slice_cols = 1000; /* the tiles lie 16-class rows apart: not kept */
   p = plan_at(CTX, m, h, v, &o, 0);
   assert_false(plan_keeps());
+  /* a frozen head (no grad_weight to lend): the 1.3.0 default, the whole
+   * block (small token chunks would cost 20%: bench/results); the loss
+   * alone: vocabulary slices within the bound (one GEMM either way) */
+  assert_ok(OSFT_FLCE_OPTIONS_INIT(&o));
+  plan_outputs = PLAN_NO_DW;
+  p = plan_at(CTX, m, h, v, &o, 0);
+  assert_false(plan_keeps());
+  assert_int_equal(p.chunks, 1);
+  assert_int_equal(p.chunking, OSFT_FLCE_CHUNKING_TOKENS);
+  plan_outputs = PLAN_LOSS;
+  p = plan_at(CTX, m, h, v, &o, 0);
+  assert_true(p.scratch_bytes <= default_bound(m, h));
+  assert_int_equal(p.chunks, 1);
+  plan_outputs = PLAN_ALL;
 }
 
 /* ---- the in-place plan against the float64 reference */

@@ -80,12 +80,13 @@ static void test_budget_and_plan(void **state) {
   free_tensors(&T);
 }
 
-/* The default budget's plan of M tokens x H x V, fp32 (no accumulator). */
-static osft_flce_plan_t default_plan(osft_context_t ctx, int64_t m, int64_t h,
-                                     int64_t v) {
+/* The default budget's plan of M tokens x H x V, fp32 (no accumulator),
+ * with the given chunking. */
+static osft_flce_plan_t chunked_default_plan(osft_context_t ctx, int64_t m, int64_t h,
+                                             int64_t v, osft_flce_chunking_t chunking) {
   flce_case c = base_case(m, h, v, TT_F32);
   c.want = WANT_LOSS | WANT_DX | WANT_DW;
-  c.chunking = OSFT_FLCE_CHUNKING_TOKENS;
+  c.chunking = chunking;
   c.slice_cols = 0;
   flce_tensors T = make_tensors(&c);
   osft_flce_inputs_t in;
@@ -102,29 +103,43 @@ static osft_flce_plan_t default_plan(osft_context_t ctx, int64_t m, int64_t h,
   return p;
 }
 
+/* The same with token chunks forced. */
+static osft_flce_plan_t default_plan(osft_context_t ctx, int64_t m, int64_t h,
+                                     int64_t v) {
+  return chunked_default_plan(ctx, m, h, v, OSFT_FLCE_CHUNKING_TOKENS);
+}
+
 /* The default budget grows no faster than x. On CUDA: chunk logits of at
  * most 4 x x's elements (16 M H bytes), above a floor of 512 token rows:
  * quadrupling the tokens quadruples the chunk buffers, not the whole M x V
  * logits as the former default (the fixed part + 1 GiB) did below 1 GiB.
- * On the CPU (since issue 55) that, but at most 32 x x's bytes or 8 MiB,
- * whichever is larger (test_flce_default.c covers the plans). */
+ * On the CPU (since issue 55) that, but where the logits may stay in
+ * grad_weight at most 32 x x's bytes or 8 MiB, whichever is larger
+ * (test_flce_default.c covers the plans). */
 static void test_default_budget_follows_x(void **state) {
   const int64_t h = 128, v = 8000;
 #ifndef OSFT_TEST_CUDA
   const size_t row = 4 * 8000;
   const int64_t ms[3] = {512, 8192, 32768};
   for (int i = 0; i < 3; ++i) {
-    const osft_flce_plan_t q = default_plan(CTX, ms[i], h, v);
     const size_t m = (size_t)ms[i];
     size_t former = 16 * m * (size_t)h; /* the 1.3.0 default's */
     if (former < 512 * row) former = 512 * row;
     size_t small = 32 * 4 * m * (size_t)h;
     if (small < ((size_t)8 << 20)) small = (size_t)8 << 20;
+    /* automatic chunking (the logits may stay in grad_weight): capped */
     const size_t chunk = small < former ? small : former;
+    const osft_flce_plan_t q =
+        chunked_default_plan(CTX, ms[i], h, v, OSFT_FLCE_CHUNKING_AUTO);
     assert_true(q.budget_bytes >= chunk);
     assert_true(q.budget_bytes <= chunk + 16 * m + 4096);
-    assert_true(q.chunks > 1); /* at 512: the 1.3.0 default's one chunk */
-    assert_true(q.chunk_rows * row <= q.budget_bytes);
+    assert_true(q.chunks * q.chunk_rows >= ms[i]);
+    /* token chunks forced: the 1.3.0 default's */
+    const osft_flce_plan_t t = default_plan(CTX, ms[i], h, v);
+    assert_true(t.budget_bytes >= former);
+    assert_true(t.budget_bytes <= former + 16 * m + 4096);
+    assert_true(t.chunk_rows * row <= t.budget_bytes);
+    assert_int_equal(t.chunks, i == 0 ? 1 : (ms[i] + t.chunk_rows - 1) / t.chunk_rows);
   }
   (void)state;
 #else
