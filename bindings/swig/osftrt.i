@@ -1262,10 +1262,6 @@ def _before_cuda():
     if opts is not None and opts.device_type == OSFT_DEVICE_CUDA:
         _before_cuda()
 %}
-%pythonprepend osft_device_count %{
-    if type == OSFT_DEVICE_CUDA:
-        _before_cuda()
-%}
 %pythonprepend osft_comm_nccl_unique_id "_before_cuda()"
 %pythonprepend osft_comm_create_nccl "_before_cuda()"
 %pythonprepend osft_comm_create_nccl_from_id "_before_cuda()"

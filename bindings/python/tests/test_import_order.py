@@ -200,8 +200,9 @@ def test_import_and_cpu_work_map_no_cuda_library(capsys):
 
 
 def test_capi_preloads_once_before_each_request_that_loads_the_module(monkeypatch):
-    """The five calls that load the module call _cudalibs.before_cuda()
-    first; CPU requests do not (the C calls are stand-ins here)."""
+    """The four calls that load the module call _cudalibs.before_cuda()
+    first; CPU requests and device counts (which map the CUDA driver alone)
+    do not (the C calls are stand-ins here)."""
     calls = []
     monkeypatch.setattr(_cudalibs, "before_cuda", lambda: calls.append("before_cuda"))
     for name in ("osft_context_create", "osft_device_count", "osft_comm_nccl_unique_id", "osft_comm_create_nccl",
@@ -219,7 +220,7 @@ def test_capi_preloads_once_before_each_request_that_loads_the_module(monkeypatc
     capi.osft_comm_nccl_unique_id(None)
     capi.osft_comm_create_nccl(None, 0, None)
     capi.osft_comm_create_nccl_from_id(None, None, 1, 0, None)
-    assert calls == ["before_cuda", "osft_context_create", "before_cuda", "osft_device_count", "before_cuda",
+    assert calls == ["before_cuda", "osft_context_create", "osft_device_count", "before_cuda",
                      "osft_comm_nccl_unique_id", "before_cuda", "osft_comm_create_nccl", "before_cuda",
                      "osft_comm_create_nccl_from_id"]
 

@@ -20,8 +20,9 @@ run path, and when the toolkit's NCCL is older than the wheel's, a later
 ``import torch`` fails (``libtorch_cuda.so: undefined symbol:
 ncclCommResume``). So, once, just before the first request from Python that
 loads the module (:func:`before_cuda`, called by ``osftrt.capi`` for
-``osft_context_create`` with a CUDA device, ``osft_device_count`` of CUDA and
-the three NCCL functions ``osft_comm_nccl_unique_id``,
+``osft_context_create`` with a CUDA device and
+the three NCCL functions (not ``osft_device_count``: since 1.4 a count maps
+the CUDA driver alone) ``osft_comm_nccl_unique_id``,
 ``osft_comm_create_nccl``, ``osft_comm_create_nccl_from_id``; so
 ``osftrt.Context("cuda")``, ``default_context`` and the ``osftrt.torch``
 modules on a CUDA tensor all pass through it) (DESIGN.md section 6):
