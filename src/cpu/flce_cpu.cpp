@@ -321,8 +321,9 @@ void cpu_rows(Context &, const FlceRowPass &a) {
   if (a.want_grad && a.phase != FlceRowPhase::records && a.grad_dtype != OSFTI_F32 &&
       (a.grad_dtype != OSFTI_BF16 || !blas::has_bf16_gemm()))
     raise(OSFT_STATUS_INTERNAL_ERROR, "flce CPU row pass: fp32 gradients only");
-  /* Rows cost ~V each; a few per thread make spawning worth it. */
-  blas::parallel_for(a.logits.rows, 4, [&s](int64_t begin, int64_t end) {
+  /* Rows cost ~V each: split by elements (a small block, e.g. TREC's 6
+   * classes, runs here; waking the pool would cost more than the rows). */
+  blas::parallel_rows(a.logits.rows, a.logits.cols, [&s](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) one_row(s, i);
   });
 }
