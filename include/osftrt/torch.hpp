@@ -51,6 +51,11 @@
  * Pass your own osftrt::Context (with the stream of your choice) to the
  * constructors otherwise. dtypes: fp32 and bf16 (the library's).
  *
+ * Threads: before each call into libosftrt the glue passes libtorch's
+ * intra-op thread count (at::get_num_threads()) on to the library
+ * (osft_set_num_threads()) when it changed, so at::set_num_threads()
+ * reaches the library's pool and its BLAS as it reaches torch's own ops.
+ *
  * Thread safety: an object of this header is used by one thread at a time
  * (its context's rule); different objects on different threads are
  * independent.
@@ -61,6 +66,7 @@
 #include <ATen/DLConvertor.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -253,6 +259,20 @@ struct FlceState {
 
 /// @cond internal
 namespace glue {
+/* libtorch's intra-op thread count passed on to libosftrt before a call,
+ * when it changed since the last one passed (both counts are process-wide):
+ * at::set_num_threads reaches the library's pool and its BLAS as it reaches
+ * torch's own ops. One libtorch query per call, no library call in the
+ * steady state; a count set with osftrt::set_num_threads holds until
+ * torch's next change. */
+inline void follow_torch_threads() {
+  static std::atomic<int> passed{0};
+  const int n = at::get_num_threads();
+  if (n > 0 && n != passed.load(std::memory_order_relaxed)) {
+    osftrt::set_num_threads(n);
+    passed.store(n, std::memory_order_relaxed);
+  }
+}
 /* The object behind saved_data[key] (a pointer kept as an integer; a
  * keep_alive() tensor beside it keeps the object itself). */
 template <class T>
@@ -302,6 +322,7 @@ class LinearCrossEntropyFunction
                             const at::Tensor &weight, const at::Tensor &targets,
                             const c10::optional<at::Tensor> &bias,
                             const std::shared_ptr<FlceState> &state) {
+    glue::follow_torch_threads();
     const at::Tensor xc = glue::compact(x), wc = glue::compact(weight);
     const at::Tensor yc = glue::compact(targets);
     const at::Tensor bc = bias.has_value() ? glue::compact(*bias) : at::Tensor();
@@ -363,6 +384,7 @@ class LinearCrossEntropyFunction
    * gradient as grad_loss (the logits computed again). */
   static ::torch::autograd::variable_list per_token_backward(
       ::torch::autograd::AutogradContext *ctx, const at::Tensor &g) {
+    glue::follow_torch_threads();
     const ::torch::autograd::variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1], &y = saved[2], &b = saved[3];
     const at::Tensor gl = g.to(at::kFloat).contiguous();
@@ -434,6 +456,7 @@ class LinearCrossEntropy {
                       (x.requires_grad() || weight.requires_grad() ||
                        (bias.defined() && bias.requires_grad()));
     if (grad) return LinearCrossEntropyFunction::apply(x, weight, targets, b, s);
+    glue::follow_torch_threads();
     const at::Tensor xc = glue::compact(x), wc = glue::compact(weight);
     const at::Tensor yc = glue::compact(targets), bc = glue::compact(bias);
     const auto f32 = x.options().dtype(at::kFloat);
@@ -517,6 +540,7 @@ class OsftLinearFunction : public ::torch::autograd::Function<OsftLinearFunction
                             const at::Tensor &v_low,
                             const c10::optional<at::Tensor> &bias,
                             const std::shared_ptr<OsftState> &state) {
+    glue::follow_torch_threads();
     (void)u_low;  // the layer reads its factors itself: the same memory
     (void)s_low;
     (void)v_low;
@@ -542,6 +566,7 @@ class OsftLinearFunction : public ::torch::autograd::Function<OsftLinearFunction
   static ::torch::autograd::variable_list backward(
       ::torch::autograd::AutogradContext *ctx,
       ::torch::autograd::variable_list grad_out) {
+    glue::follow_torch_threads();
     OsftState *s = glue::saved_owner<OsftState>(ctx);
     const at::Tensor x = ctx->get_saved_variables()[0];
     const at::Tensor gy = grad_out[0].contiguous();
@@ -644,7 +669,10 @@ class OsftLinearImpl : public ::torch::nn::Module {
    * (osft_projector_project_params()): after each optimizer step.
    * @throws Error as osft_projector_project_params().
    */
-  void project_params() { state_->proj.project_params(); }
+  void project_params() {
+    glue::follow_torch_threads();
+    state_->proj.project_params();
+  }
   /**
    * @brief The orthogonality residual of the trainable factors against the
    * frozen ones (osft_projector_orthogonality()).

@@ -235,3 +235,25 @@ OSFT_CPP_TEST(osft_linear_trains_orthogonal) {
   OSFT_CHECK_LE(worst, 1e-5);
   OSFT_CHECK((hidden->merged_weight() - w0).abs().max().item<double>() > 1e-3);
 }
+
+/* The glue passes libtorch's thread count on to the library before a call
+ * (at::set_num_threads reaches the library's pool and BLAS); a count set
+ * with osftrt::set_num_threads holds until torch's next change. */
+OSFT_CPP_TEST(follows_libtorch_thread_count) {
+  const int before = at::get_num_threads();
+  ol::LinearCrossEntropy ce;
+  const torch::Tensor x = torch::randn({8, 12}), w = torch::randn({5, 12});
+  const torch::Tensor y = torch::randint(5, {8}, torch::kLong);
+  for (int n : {1, 3, 2}) {
+    at::set_num_threads(n);
+    (void)ce(x, w, y);
+    OSFT_CHECK(osftrt::num_threads() == n);
+  }
+  osftrt::set_num_threads(1);  // the host pins another count ...
+  (void)ce(x, w, y);
+  OSFT_CHECK(osftrt::num_threads() == 1);  // ... which holds while torch's stays
+  at::set_num_threads(3);
+  (void)ce(x, w, y);
+  OSFT_CHECK(osftrt::num_threads() == 3);
+  at::set_num_threads(before);
+}
