@@ -3,7 +3,9 @@
 # command (bash .ci/example.sh: setup, build ./build, the default trainer run
 # with --check), checks that it printed the results table, then runs the
 # trainer's ctests in ./build (three seeds of a shortened run, a gradient check
-# on --device cpu and on --device staged, --device staged against --device cpu).
+# on --device cpu and on --device staged, --device staged against --device cpu,
+# and the checkpoints: a bitwise resume, kill -9 at random instants, damaged
+# files refused).
 # Exit 0 only when all of it passed.
 #
 # Usage: bash .ci/stage_trainer.sh   (from any directory)
@@ -18,5 +20,5 @@ grep -q '^osftrt_train: done' "$log" || { echo "stage_trainer: no final line" >&
 cmake --build build --target osftrt_train -j2
 ctest --test-dir build --output-on-failure -R '^example_train'
 n=$(ctest --test-dir build -N -R '^example_train' | grep -c 'Test *#' || true)
-[[ $n -eq 6 ]] || { echo "stage_trainer: expected 6 trainer tests, found $n" >&2; exit 1; }
+[[ $n -eq 9 ]] || { echo "stage_trainer: expected 9 trainer tests, found $n" >&2; exit 1; }
 echo "stage_trainer: PASS"
