@@ -240,17 +240,23 @@ def test_before_cuda_preloads_once_across_threads(monkeypatch):
 
 # Loads libosftrt.so.1 (argv[1]) by itself, as a C-level user of the wheel
 # would (no osftrt import, so no preload), checks it mapped no CUDA library,
-# asks it for the CUDA device count (which loads the module: its own run path
-# decides), then imports torch, which must find what it needs (the defect: an
+# asks it for a CUDA context (which loads the module, GPU or not: its own run
+# path decides; a device count maps the driver alone), then imports torch, which must find what it needs (the defect: an
 # older NCCL loaded first made libtorch_cuda fail on a missing symbol).
 DIRECT = MAPS + r"""
 import ctypes
 prefixes = tuple(sys.argv[3].split(","))
 core = ctypes.CDLL(sys.argv[1])
 at_load = mapped_files(prefixes)
-count = ctypes.c_int(-1)
-status = core.osft_device_count(int(sys.argv[2]), ctypes.byref(count))
+# a CUDA context (the 1.0 layout: size_t struct_size, then the device type)
+opts = ctypes.create_string_buffer(int(sys.argv[4]))
+assert core.osft_context_options_init(opts, ctypes.c_size_t(len(opts))) == 0
+ctypes.c_int.from_buffer(opts, ctypes.sizeof(ctypes.c_size_t)).value = int(sys.argv[2])
+ctx = ctypes.c_void_p()
+status = core.osft_context_create(ctypes.byref(ctx), opts)
 mapped = mapped_files(prefixes)
+if ctx.value:
+    core.osft_context_destroy(ctx)
 import torch
 print(json.dumps({"at_load": {k: sorted(v) for k, v in at_load.items()}, "status": status,
                   "mapped": {k: sorted(v) for k, v in mapped.items()}}))
@@ -274,9 +280,10 @@ def test_direct_load_maps_nothing_then_the_module_takes_the_wheel_copies_beside_
     # the loader's path, ahead of everything else
     toolkit = [d for d in runpath if d and not d.startswith("$ORIGIN")]
     env = {"LD_LIBRARY_PATH": ":".join(toolkit + [os.environ.get("LD_LIBRARY_PATH", "")]).rstrip(":")}
-    r = _run(DIRECT, lib, str(capi.OSFT_DEVICE_CUDA), ",".join(CUDA_PREFIXES), env=env)
+    r = _run(DIRECT, lib, str(capi.OSFT_DEVICE_CUDA), ",".join(CUDA_PREFIXES),
+             str(capi.osft_context_options_t().struct_size), env=env)
     assert r["at_load"] == {}, r["at_load"]
-    assert r["status"] == capi.OSFT_STATUS_SUCCESS, r
+    assert r["status"] in (capi.OSFT_STATUS_SUCCESS, capi.OSFT_STATUS_NO_DEVICE), r
     mapped = r["mapped"]
     for name, files in mapped.items():
         assert len(files) == 1, "%s mapped from %d files: %s" % (name, len(files), files)
