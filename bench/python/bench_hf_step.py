@@ -68,7 +68,7 @@ import tempfile
 import time
 import warnings
 
-from benchlib import LEAN_MALLOC, finish_process, machine, report, reset_peak, rss_kib, versions
+from benchlib import LEAN_MALLOC, finish_process, machine, memory_now, memory_peak, memory_start, report, versions
 
 VARIANTS = ("hf", "liger", "osftrt", "peft_osf", "osftrt_osft", "osftrt_fsdp2")
 LABELS = {
@@ -507,30 +507,10 @@ def orthogonality(variant, model, proj):
     return worst
 
 
-def _memory_now(a):
-    import torch
-
-    if a.device == "cuda":
-        return torch.cuda.memory_allocated()
-    return rss_kib("VmRSS") * 1024
 
 
-def _memory_start(a):
-    import torch
-
-    if a.device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        reset_peak()
-    return _memory_now(a)
 
 
-def _memory_peak(a):
-    import torch
-
-    if a.device == "cuda":
-        return torch.cuda.max_memory_allocated()
-    return rss_kib("VmHWM") * 1024
 
 
 def run_variant(variant, a):
@@ -538,7 +518,7 @@ def run_variant(variant, a):
 
     if a.device == "cpu":
         torch.set_num_threads(a.threads)
-    before_model = _memory_now(a)
+    before_model = memory_now(a.device)
     t0 = time.perf_counter()
     model, params, proj, inner = prepare(variant, a)
     opt = torch.optim.AdamW(params, lr=a.lr, foreach=True)
@@ -550,7 +530,7 @@ def run_variant(variant, a):
     counted = variant in COUNTED_VARIANTS
     for i in range(a.warmup + a.steps):
         if i == a.warmup:
-            base = _memory_start(a)
+            base = memory_start(a.device)
             if counted:
                 before = _osft_counts(model, proj)
         _sync(a)
@@ -566,7 +546,7 @@ def run_variant(variant, a):
         if i >= a.warmup:
             times.append(time.perf_counter() - t)
         losses.append(loss.item())
-    peak = _memory_peak(a)
+    peak = memory_peak(a.device)
     out = {"variant": variant, "step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
            "peak_bytes": peak, "peak_above_bytes": peak - base, "state_bytes": base,
            "peak_above_model_bytes": peak - before_model, "first_loss": losses[0],

@@ -73,6 +73,7 @@ def _config(args, layers=None):
 
 
 def _build(args, variant, layers):
+    import benchlib
     import torch
     import transformers
 
@@ -88,22 +89,15 @@ def _build(args, variant, layers):
         knob = {"activation_memory": "min"} if variant == "knob" else {}
         ot.apply_osftrt(model, osft=osft, rank_ratio=args.rank_ratio, **knob)
     elif variant == "ckpt":
-        _checkpointing(model)
+        benchlib.enable_checkpointing(model)
     elif variant == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_llama
 
         apply_liger_kernel_to_llama(model=model)
-        _checkpointing(model)
+        benchlib.enable_checkpointing(model)
     return model
 
 
-def _checkpointing(model):
-    kw = {"use_reentrant": False}
-    enable = getattr(model, "activation_checkpointing_enable", None)
-    if enable is not None:
-        enable(activation_checkpointing_kwargs=kw)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
 
 
 def _step(model, tokens, vocab, device):
@@ -253,7 +247,7 @@ def parent(args):
     lines = ["# Long-context fine-tuning: memory per token and the longest sequence (%s)" % args.device, "",
              "- machine: " + benchlib.machine(gpu=args.device == "cuda" and not args.dry_run),
              "- " + benchlib.versions(build_info=True),
-             "- commit: " + _commit(),
+             "- commit: " + benchlib.commit(),
              "- model: Llama-shaped %s (%s), %s, sdpa, batch 1, one forward + backward%s" % (
                  args.model, ", ".join("%s %s" % (k.replace("num_", "").replace("_size", ""), v)
                                        for k, v in SHAPES[args.model].items()),
@@ -336,12 +330,6 @@ def parent(args):
     return benchlib.report(lines, args.out)
 
 
-def _commit():
-    try:
-        return subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def main():

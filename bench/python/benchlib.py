@@ -64,6 +64,60 @@ def reset_peak():
         f.write("5")
 
 
+def memory_now(device):
+    """Bytes in use: torch's allocated CUDA memory, or the resident set."""
+    import torch
+
+    return torch.cuda.memory_allocated() if device == "cuda" else rss_kib() * 1024
+
+
+def memory_start(device):
+    """Resets the peak (CUDA's allocator statistics, or VmHWM) and returns
+    memory_now(device): the base a later memory_peak is read against."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        reset_peak()
+    return memory_now(device)
+
+
+def memory_peak(device):
+    """The peak since memory_start, in bytes (CUDA allocator, or VmHWM)."""
+    import torch
+
+    return torch.cuda.max_memory_allocated() if device == "cuda" else rss_kib("VmHWM") * 1024
+
+
+def enable_checkpointing(model):
+    """Hugging Face's activation checkpointing, non-reentrant (the newer
+    name where transformers has it)."""
+    kw = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kw)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+
+
+def commit(path=None):
+    """The checkout's short commit id ("unknown" outside git)."""
+    try:
+        return subprocess.run(["git", "-C", path or os.path.dirname(os.path.abspath(__file__)), "rev-parse",
+                               "--short", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def loadavg():
+    """The 1, 5 and 15 minute load averages (NaN where unreadable)."""
+    try:
+        return tuple(float(x) for x in open("/proc/loadavg").read().split()[:3])
+    except OSError:
+        return (float("nan"),) * 3
+
+
 def versions(build_info=False):
     """"date: ...; Python ...; torch ..., transformers ..., peft ..., osftrt
     ..." for the report's header (with `build_info`, the library's build line

@@ -247,9 +247,10 @@ def osft_run(base, ids):
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
     m.eval()
-    out.update(losses=losses, orthogonality=info.projector.orthogonality(), tied_after=m.lm_head.weight is
-               m.model.embed_tokens.weight, frozen_kept=all(
-                   torch.equal(a, b) for n, l in layers.items() for a, b in zip(frozen[n], (l.u_high, l.s_high, l.v_high))),
+    kept = all(torch.equal(a, b) for n, l in layers.items()
+               for a, b in zip(frozen[n], (l.u_high, l.s_high, l.v_high)))
+    out.update(losses=losses, orthogonality=info.projector.orthogonality(),
+               tied_after=m.lm_head.weight is m.model.embed_tokens.weight, frozen_kept=kept,
                logits_trained=logits(m, ids))
     f64 = {}
     for n, l in layers.items():
