@@ -24,7 +24,7 @@
 #
 # With --full, steps 3 and 4 give way to the second act's full run
 # (examples/python/continual_smollm2.py with the flags that follow --full;
-# about an hour on 2 cores; matplotlib added to the venv for its plot):
+# 95 min on 2 shared cores; matplotlib added to the venv for its plot):
 # examples/python/second_act.sh, the README's one command for it.
 #
 # Usage: bash .ci/stage_real_model.sh [--full [continual_smollm2.py flags...]]

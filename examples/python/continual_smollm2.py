@@ -34,8 +34,9 @@ method makes it forget.
   step (median, wall) and the peak resident set of the training steps. A PNG
   plots forgetting against learning along training, one curve per variant.
 
-Full run (about an hour on 2 cores; results, with machine, load and commit,
-into bench/results/continual_smollm2_cpu.{md,json,png}), on a fresh clone
+Full run (95 min on 2 cores shared with other jobs; results, with machine,
+load and commit, into bench/results/continual_smollm2_cpu.{md,json,png}),
+on a fresh clone
 (installs everything, converts the model, then runs this):
 
     bash examples/python/second_act.sh

