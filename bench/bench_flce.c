@@ -480,16 +480,9 @@ static double median(double *t, int n) {
   return t[n / 2];
 }
 
-/* The clock of the timings: wall time, or with --cpu-time the process's
- * CPU time. */
+/* The clock of the timings (clock_ms): wall time, or with --cpu-time the
+ * process's CPU time. */
 static int g_cpu_time;
-
-static double clock_ms(void) {
-  if (!g_cpu_time) return now_ms();
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 /* Every variant round-robin, so that a drifting machine affects all alike;
  * medians of `reps` runs after one warm-up each. */
@@ -498,9 +491,9 @@ static void time_all(bench_case *b, int reps, double *out) {
   for (int v = 0; v < VARIANTS; ++v) run_variant(b, v);
   for (int r = 0; r < reps; ++r)
     for (int v = 0; v < VARIANTS; ++v) {
-      const double t0 = clock_ms();
+      const double t0 = clock_ms(g_cpu_time);
       run_variant(b, v);
-      t[v][r] = clock_ms() - t0;
+      t[v][r] = clock_ms(g_cpu_time) - t0;
     }
   for (int v = 0; v < VARIANTS; ++v) out[v] = median(t[v], reps);
 }
@@ -639,9 +632,9 @@ static void bench_defaults(problem *p, int reps, int alt_x, FILE *csv) {
   for (int k = 0; k < n; ++k) fused(&v[k]);
   for (int r = 0; r < reps; ++r)
     for (int k = 0; k < n; ++k) {
-      const double t0 = clock_ms();
+      const double t0 = clock_ms(g_cpu_time);
       fused(&v[k]);
-      t[k][r] = clock_ms() - t0;
+      t[k][r] = clock_ms(g_cpu_time) - t0;
     }
   double med[D_VARIANTS];
   for (int k = 0; k < n; ++k) med[k] = median(t[k], reps);

@@ -268,15 +268,8 @@ static void qr_setup(bench_case *c, int64_t count, int64_t n) {
 
 /* ------------------------------------------------------------- timing */
 
+/* the clock of the run (clock_ms): wall time, or the process's CPU time */
 static int g_cpu_time;
-
-/* ms on the clock of the run: wall (monotonic) or the process's CPU time. */
-static double clock_ms(void) {
-  if (!g_cpu_time) return now_ms();
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static double time_case(bench_case *c, int reps, double min_ms) {
   c->call(c);
@@ -289,9 +282,9 @@ static double time_case(bench_case *c, int reps, double min_ms) {
   if (calls > 200000) calls = 200000;
   double *t = xmalloc((size_t)reps * sizeof(double));
   for (int r = 0; r < reps; ++r) {
-    t0 = clock_ms();
+    t0 = clock_ms(g_cpu_time);
     for (long i = 0; i < calls; ++i) c->call(c);
-    t[r] = (clock_ms() - t0) / (double)calls;
+    t[r] = (clock_ms(g_cpu_time) - t0) / (double)calls;
   }
   qsort(t, (size_t)reps, sizeof(double), cmp_double);
   const double med = t[reps / 2];

@@ -1,4 +1,4 @@
-/* Helpers the benchmarks share: status checks, a monotonic clock, host
+/* Helpers the benchmarks share: status checks, the clocks, host
  * allocation that exits on failure, deterministic uniform data, bf16. */
 #ifndef OSFTRT_BENCH_UTIL_H
 #define OSFTRT_BENCH_UTIL_H
@@ -24,6 +24,15 @@
 static inline double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* ms on a benchmark's clock: the monotonic wall clock, or with cpu_time
+ * the process's CPU time (all its threads: work, not waiting). */
+static inline double clock_ms(int cpu_time) {
+  if (!cpu_time) return now_ms();
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
