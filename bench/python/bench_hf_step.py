@@ -68,7 +68,8 @@ import tempfile
 import time
 import warnings
 
-from benchlib import LEAN_MALLOC, finish_process, machine, memory_now, memory_peak, memory_start, report, versions
+from benchlib import (LEAN_MALLOC, finish_process, machine, memory_now, memory_peak, memory_start, report, sync,
+                      versions)
 
 VARIANTS = ("hf", "liger", "osftrt", "peft_osf", "osftrt_osft", "osftrt_fsdp2")
 LABELS = {
@@ -437,7 +438,7 @@ def profile_step(variant, a, model, inner, opt, proj, batch):
     # layer 0 of an OSFT variant: nothing below it trains (see the module doc)
     warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect "
                             "to module outputs since no inputs require gradients")
-    _sync(a)
+    sync(a.device)
     clock.start("step")
     with _autocast(a):
         loss = model(input_ids=batch, labels=batch).loss
@@ -462,11 +463,30 @@ def profile_step(variant, a, model, inner, opt, proj, batch):
 
 
 # ------------------------------------------------------------ one variant
-def _sync(a):
-    if a.device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
+def timed_steps(a, model, opt, batch_at, autocast, at_start, micro_batches=1):
+    """a.warmup + a.steps optimizer steps of a causal LM: each micro_batches
+    forward and backward passes over batch_at(step, micro) (token ids, their
+    own labels) under autocast(), then opt.step(); at_start() runs just
+    before the first timed step. Returns (seconds of each timed step,
+    synchronized; every step's last micro-batch loss)."""
+    times, losses = [], []
+    for i in range(a.warmup + a.steps):
+        if i == a.warmup:
+            at_start()
+        sync(a.device)
+        t = time.perf_counter()
+        for j in range(micro_batches):  # gradient accumulation
+            b = batch_at(i, j)
+            with autocast():
+                loss = model(input_ids=b, labels=b).loss / micro_batches
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync(a.device)
+        if i >= a.warmup:
+            times.append(time.perf_counter() - t)
+        losses.append(loss.item())
+    return times, losses
 
 
 def _autocast(a):
@@ -526,26 +546,16 @@ def run_variant(variant, a):
         proj.attach(opt)
     setup_s = time.perf_counter() - t0
     batches = _batches(a)
-    times, losses = [], []
     counted = variant in COUNTED_VARIANTS
-    for i in range(a.warmup + a.steps):
-        if i == a.warmup:
-            base = memory_start(a.device)
-            if counted:
-                before = _osft_counts(model, proj)
-        _sync(a)
-        t = time.perf_counter()
-        for j in range(a.micro_batches):  # gradient accumulation
-            b = batches[(i * a.micro_batches + j) % len(batches)]
-            with _autocast(a):
-                loss = model(input_ids=b, labels=b).loss / a.micro_batches
-            loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync(a)
-        if i >= a.warmup:
-            times.append(time.perf_counter() - t)
-        losses.append(loss.item())
+    mark = {}
+
+    def at_start():
+        mark["base"] = memory_start(a.device)
+        mark["before"] = _osft_counts(model, proj) if counted else None
+
+    times, losses = timed_steps(a, model, opt, lambda i, j: batches[(i * a.micro_batches + j) % len(batches)],
+                                lambda: _autocast(a), at_start, a.micro_batches)
+    base, before = mark["base"], mark["before"]
     peak = memory_peak(a.device)
     out = {"variant": variant, "step_ms": 1e3 * statistics.median(times), "step_ms_min": 1e3 * min(times),
            "peak_bytes": peak, "peak_above_bytes": peak - base, "state_bytes": base,

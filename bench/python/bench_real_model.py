@@ -64,7 +64,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "examples", "python"))
 
 from benchlib import (LEAN_MALLOC, commit, enable_checkpointing, finish_process, loadavg, machine, memory_now, memory_peak,  # noqa: E402
-                      memory_start, report, versions)
+                      memory_start, report, sync, versions)
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 VARIANTS = ("hf", "hf_ckpt", "osftrt", "osft0.5", "osft0.9", "lora", "peft_osf0.5", "peft_osf0.9")
@@ -158,13 +158,6 @@ def prepare(variant, model):
 
 
 # ------------------------------------------------------------- one step child
-def _sync(a):
-    if a.device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
-
-
 def _autocast(a):
     import contextlib
 
@@ -207,22 +200,14 @@ def step_child(a):
     flop_name = FLOP_NAMES.get(a.variant)
     for n in a.length_list:
         ids = tokens(a, tok, n)
-        times, losses = [], []
-        for i in range(a.warmup + a.steps):
-            if i == a.warmup:
-                base = memory_start(a.device)
-                before = hs._osft_counts(model, proj) if flop_name else None
-            _sync(a)
-            t = time.perf_counter()
-            with _autocast(a):
-                loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            _sync(a)
-            if i >= a.warmup:
-                times.append(time.perf_counter() - t)
-            losses.append(loss.item())
+        mark = {}
+
+        def at_start():
+            mark["base"] = memory_start(a.device)
+            mark["before"] = hs._osft_counts(model, proj) if flop_name else None
+
+        times, losses = hs.timed_steps(a, model, opt, lambda i, j: ids, lambda: _autocast(a), at_start)
+        base, before = mark["base"], mark["before"]
         peak = memory_peak(a.device)
         r = {"step_s": statistics.median(times), "step_s_all": times, "peak": peak, "peak_above_step": peak - base,
              "peak_above_model": peak - before_model, "loss_first": losses[0], "loss_last": losses[-1]}
@@ -270,13 +255,13 @@ def long_child(a):
         model(input_ids=warm, labels=warm).loss.backward()
     model.zero_grad(set_to_none=True)
     ids = tokens(a, tok, a.tokens)
-    _sync(a)
+    sync(a.device)
     base = memory_start(a.device)
     t = time.perf_counter()
     with _autocast(a):
         loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
-    _sync(a)
+    sync(a.device)
     secs = time.perf_counter() - t
     peak = memory_peak(a.device) - base
     print("RESULT " + json.dumps({"tokens": a.tokens, "peak": peak, "seconds": secs, "loss": loss.item()}), flush=True)

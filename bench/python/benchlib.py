@@ -64,6 +64,15 @@ def reset_peak():
         f.write("5")
 
 
+def sync(device):
+    """Waits for the GPU's queued work (nothing on the CPU): before and after
+    a timed region."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
 def memory_now(device):
     """Bytes in use: torch's allocated CUDA memory, or the resident set."""
     import torch
